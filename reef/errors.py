@@ -1,0 +1,105 @@
+"""The one error tree: raised inside Reef, translated once at each boundary."""
+
+from __future__ import annotations
+
+
+class ReefError(Exception):
+    """Base of every error Reef raises on purpose.
+
+    `status` and `type` are what the HTTP boundary sends (OpenAI-style error JSON);
+    `code` is a short machine-readable reason, `param` the offending field if any.
+    """
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+
+
+class ConfigError(ReefError):
+    """Invalid settings or YAML: raised at start, never while serving."""
+
+    code = "invalid_config"
+
+
+class BadRequest(ReefError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(ReefError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(ReefError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class NotFound(ReefError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class UnknownModel(NotFound):
+    code = "model_not_found"
+
+
+class Conflict(ReefError):
+    status = 409
+    type = "conflict_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(ReefError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class EngineError(ReefError):
+    """The engine failed while serving an accepted request."""
+
+    status = 500
+    type = "server_error"
+    code = "engine_error"
+
+
+class EngineUnavailable(EngineError):
+    status = 503
+    code = "engine_unavailable"
+
+
+class UpstreamError(EngineError):
+    """The upstream server failed (5xx) or could not be reached."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+
+
+class UpstreamRejected(ReefError):
+    """The upstream refused the request (4xx): relayed with its status and message."""
+
+    type = "invalid_request_error"
+    code = "upstream_rejected"
+
+    def __init__(self, message: str, *, status: int, code: str | None = None):
+        super().__init__(message, code=code)
+        self.status = status
+
+
+class StoreError(ReefError):
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"

@@ -1,0 +1,106 @@
+"""What the store holds: scenarios, records, reports and releases, as plain frozen dataclasses."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_id(prefix: str) -> str:
+    """A sortable unique id: 48-bit millisecond time then 80 random bits, Crockford base32.
+
+    Ids of one prefix sort in creation order (to the millisecond), which is what `after=`
+    pagination over records relies on.
+    """
+    n = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        n, r = divmod(n, 32)
+        chars.append(_CROCKFORD[r])
+    return f"{prefix}_{''.join(reversed(chars))}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def content_hash(obj: Any) -> str:
+    """sha256 of a JSON value with sorted keys: equal content, equal hash."""
+    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Release:
+    """An accepted artifact on a scenario's append-only chain. Sequence 0 is the base model."""
+
+    id: str
+    scenario: str
+    seq: int
+    parent_id: str | None
+    kind: str  # "base" | "adapter" | "checkpoint" | "harness"
+    created_at: datetime
+    uri: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    created_at: datetime
+    head_release_id: str
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One stored inference exchange. `request`/`response` are the client's wire bodies for
+    `route` ("chat.completions" or "messages"); for a stream, `response` is the assembled answer.
+    """
+
+    id: str
+    scenario: str
+    created_at: datetime
+    route: str
+    model: str
+    stream: bool
+    request: dict[str, Any]
+    response: dict[str, Any]
+    release_id: str
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Feedback quoting one or more receipts of the same scenario."""
+
+    id: str
+    scenario: str
+    created_at: datetime
+    references: tuple[str, ...]
+    score: float | None = None
+    feedback: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def content_hash(self) -> str:
+        """What makes two reports with the same id 'the same' (idempotent retry) or not (409)."""
+        return content_hash(
+            {
+                "references": list(self.references),
+                "score": self.score,
+                "feedback": self.feedback,
+                "metadata": self.metadata,
+            }
+        )

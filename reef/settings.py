@@ -1,0 +1,185 @@
+"""Service settings: defaults < YAML file (`reef serve -c`) < REEF_* environment < CLI flags."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from reef.errors import ConfigError
+
+# Recipes by short name; anything else must be a dotted path `pkg.module:Class`.
+RECIPE_NAMES = frozenset({"sft", "kto", "dpo", "sao", "grpo", "harness"})
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8900, ge=0, le=65535)
+    state_dir: Path = Path(".reef")
+    default_scenario: str = "default"
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size cap")
+    max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+class EngineSettings(_Section):
+    kind: Literal["embedded", "upstream"] = "embedded"
+    model: str = Field("smollm2", description="smollm2, tiny, or a local Hugging Face model dir")
+    upstream_url: str | None = Field(None, description="OpenAI base URL ending in /v1")
+    upstream_model: str | None = Field(None, description="model name sent to the upstream")
+    upstream_api_key: SecretStr | None = None
+    upstream_timeout_s: float = Field(600.0, gt=0)
+    max_batch_size: int = Field(8, ge=1, description="embedded: requests decoded together")
+    default_max_tokens: int = Field(256, ge=1, description="when a request names none")
+    threads: int | None = Field(None, ge=1, description="embedded: torch threads")
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _v1_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://", v):
+            raise ValueError("upstream_url must be an http(s) URL ending in /v1")
+        return v.rstrip("/") if v else v
+
+
+class StoreSettings(_Section):
+    database_url: str | None = Field(
+        None, description="sqlite:///path or postgresql+psycopg://...; default: state_dir/reef.db"
+    )
+    commit_window_ms: float = Field(
+        2.0, ge=0, description="group commit: how long a commit waits for more writes"
+    )
+    commit_max_batch: int = Field(512, ge=1)
+
+
+class TokenSettings(_Section):
+    name: str
+    sha256: str = Field(description="hex sha256 of the token; `reef token` makes one")
+    admin: bool = False
+    scenarios: tuple[str, ...] = ()
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str) -> str:
+        v = v.removeprefix("sha256:").lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("sha256 must be 64 hex digits (the token's hash, not the token)")
+        return v
+
+
+class AuthSettings(_Section):
+    tokens: tuple[TokenSettings, ...] = ()
+
+
+class LoopSettings(_Section):
+    """The learning loop's keys (the seed's `reef:` section); used from the experience stream on."""
+
+    recipe: str = "sft"
+    batch_size: int = Field(32, ge=1)
+    max_staleness: int = Field(0, ge=0, description="releases behind the head a sample may be")
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, v: str) -> str:
+        if v not in RECIPE_NAMES and not _DOTTED.match(v):
+            names = ", ".join(sorted(RECIPE_NAMES))
+            raise ValueError(f"recipe must be one of {names} or a dotted path pkg.module:Class")
+        return v
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="REEF_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    server: ServerSettings = ServerSettings()
+    engine: EngineSettings = EngineSettings()
+    store: StoreSettings = StoreSettings()
+    auth: AuthSettings = AuthSettings()
+    reef: LoopSettings = LoopSettings()
+
+    @property
+    def database_url(self) -> str:
+        if self.store.database_url:
+            return self.store.database_url
+        return f"sqlite:///{self.server.state_dir / 'reef.db'}"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key '{key}'")
+        else:
+            lines.append(f"{key}: {e['msg']}")
+    return "; ".join(lines)
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings once at start. `overrides` are CLI flags as nested dicts."""
+    file_data = _read_yaml(config) if config else {}
+
+    class _Layered(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_data))
+
+    try:
+        layered = _Layered(**overrides)
+        settings = Settings.model_validate(layered.model_dump())
+    except ValidationError as e:
+        where = f" in {config}" if config else ""
+        raise ConfigError(f"invalid settings{where}: {_describe(e)}") from None
+    if not settings.server.is_loopback and not settings.auth.tokens:
+        raise ConfigError(
+            f"binding {settings.server.host} (not loopback) requires auth tokens: "
+            "add auth.tokens to the config (`reef token` makes one)"
+        )
+    if settings.engine.kind == "upstream" and not settings.engine.upstream_url:
+        raise ConfigError("engine.kind 'upstream' needs engine.upstream_url (--upstream-url)")
+    return settings

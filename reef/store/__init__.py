@@ -1,0 +1,1 @@
+"""Durable storage of scenarios, records, reports and release chains."""

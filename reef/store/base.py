@@ -1,0 +1,87 @@
+"""The store's contract: a few methods every backend (SQLite, Postgres) implements identically."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+from reef.records import Record, Release, Report, Scenario
+
+
+class Store(ABC):
+    """Durable home of scenarios, records, reports and release chains.
+
+    Methods are synchronous and thread-safe; the API calls them from worker threads.
+    Every write is committed (durable) before the method returns. Errors are ReefErrors:
+    NotFound for a missing scenario/record, Conflict for a clashing id, StoreError when the
+    database itself fails.
+    """
+
+    @abstractmethod
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision (idempotent)."""
+
+    @abstractmethod
+    def ping(self) -> bool:
+        """True when the database answers a trivial query. No side effects."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # scenarios -----------------------------------------------------------------
+    @abstractmethod
+    def ensure_scenario(self, name: str) -> Scenario:
+        """The scenario, created with its base release (seq 0) on first use; race-safe."""
+
+    @abstractmethod
+    def create_scenario(self, name: str, description: str | None = None) -> Scenario:
+        """Create explicitly; Conflict if it exists."""
+
+    @abstractmethod
+    def get_scenario(self, name: str) -> Scenario: ...
+
+    @abstractmethod
+    def list_scenarios(self) -> list[Scenario]: ...
+
+    @abstractmethod
+    def delete_scenario(self, name: str) -> None:
+        """Delete the scenario with all its records, reports and releases."""
+
+    # records -------------------------------------------------------------------
+    @abstractmethod
+    def add_records(self, records: Sequence[Record]) -> None:
+        """Insert all in one transaction (the group commit's unit)."""
+
+    @abstractmethod
+    def get_record(self, scenario: str, record_id: str) -> Record: ...
+
+    @abstractmethod
+    def list_records(self, scenario: str, after: str | None = None, limit: int = 100) -> list[Record]:
+        """Records with id > `after`, oldest first."""
+
+    @abstractmethod
+    def existing_record_ids(self, scenario: str, ids: Iterable[str]) -> set[str]:
+        """Which of `ids` are records of `scenario`."""
+
+    # reports -------------------------------------------------------------------
+    @abstractmethod
+    def add_report(self, report: Report) -> tuple[Report, bool]:
+        """Store a report; returns (stored report, created).
+
+        Same id and same content as a stored one: returns the stored one, created=False.
+        Same id, different content: Conflict.
+        """
+
+    @abstractmethod
+    def get_report(self, scenario: str, report_id: str) -> Report: ...
+
+    @abstractmethod
+    def list_reports(self, scenario: str, after: str | None = None, limit: int = 100) -> list[Report]: ...
+
+    # releases ------------------------------------------------------------------
+    @abstractmethod
+    def get_release(self, scenario: str, release_id: str) -> Release: ...
+
+    @abstractmethod
+    def list_releases(self, scenario: str) -> list[Release]:
+        """The chain, oldest (seq 0) first."""
