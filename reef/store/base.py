@@ -56,7 +56,9 @@ class Store(ABC):
     def get_record(self, scenario: str, record_id: str) -> Record: ...
 
     @abstractmethod
-    def list_records(self, scenario: str, after: str | None = None, limit: int = 100) -> list[Record]:
+    def list_records(
+        self, scenario: str, after: str | None = None, limit: int = 100
+    ) -> list[Record]:
         """Records with id > `after`, oldest first."""
 
     @abstractmethod
@@ -76,7 +78,9 @@ class Store(ABC):
     def get_report(self, scenario: str, report_id: str) -> Report: ...
 
     @abstractmethod
-    def list_reports(self, scenario: str, after: str | None = None, limit: int = 100) -> list[Report]: ...
+    def list_reports(
+        self, scenario: str, after: str | None = None, limit: int = 100
+    ) -> list[Report]: ...
 
     # releases ------------------------------------------------------------------
     @abstractmethod

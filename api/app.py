@@ -1,0 +1,98 @@
+"""The FastAPI app factory: wires settings, store, engine and routes; no import-time state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+import reef
+from api import errors
+from api.auth import Authenticator
+from api.metrics import Metrics, MetricsMiddleware
+from api.routes import anthropic, health, openai
+from api.routes import reef as reef_routes
+from api.services import Services
+from reef.engines.base import Engine
+from reef.serving import Serving
+from reef.settings import Settings
+from reef.store.base import Store
+from reef.store.commits import GroupCommitter
+from reef.store.sql import open_store
+from reef.wire import AnthropicMessagesRequest, ChatCompletionRequest, ReportIn, ScenarioIn
+
+log = logging.getLogger("reef.api")
+
+# Bodies the routes read themselves (size cap, strict validation, pass-through of unknown
+# fields); listed here so the OpenAPI spec still describes them.
+_REQUEST_MODELS = (ChatCompletionRequest, AnthropicMessagesRequest, ReportIn, ScenarioIn)
+
+
+def create_app(settings: Settings, engine: Engine, store: Store | None = None) -> FastAPI:
+    """Build the app. The engine is constructed (not started) by the caller; the lifespan
+    migrates the store, starts the group committer and starts the engine."""
+    store = store or open_store(settings.database_url)
+    committer = GroupCommitter(
+        store, window_ms=settings.store.commit_window_ms, max_batch=settings.store.commit_max_batch
+    )
+    metrics = Metrics()
+    svc = Services(
+        settings=settings,
+        engine=engine,
+        store=store,
+        committer=committer,
+        serving=Serving(engine, store, committer, max_tokens_cap=settings.server.max_tokens_cap),
+        auth=Authenticator(settings.auth.tokens),
+        metrics=metrics,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(store.migrate)
+        await committer.start()
+        await engine.start()
+        log.info("reef ready: engine=%s models=%s", engine.kind, ", ".join(engine.models()))
+        try:
+            yield
+        finally:
+            await committer.aclose()  # flush what is pending before anything goes away
+            await engine.aclose()
+            store.close()
+
+    app = FastAPI(
+        title="Reef",
+        version=reef.__version__,
+        description=(
+            "OpenAI- and Anthropic-compatible serving that records every exchange and returns "
+            "a receipt (`x-reef-agent-record-id`), plus feedback reports against receipts."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.services = svc
+    errors.install(app)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.include_router(openai.router)
+    app.include_router(anthropic.router)
+    app.include_router(reef_routes.router)
+    app.include_router(health.router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for model in _REQUEST_MODELS:
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

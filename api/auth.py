@@ -1,0 +1,72 @@
+"""Bearer-token auth: tokens live in the config as sha256 hashes, each admin or scenario-bound."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from reef.errors import Forbidden, Unauthorized
+from reef.settings import TokenSettings
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    admin: bool
+    scenarios: frozenset[str] = frozenset()
+
+    def may_use(self, scenario: str) -> bool:
+        return self.admin or scenario in self.scenarios
+
+    def require(self, scenario: str) -> None:
+        if not self.may_use(scenario):
+            raise Forbidden(f"token '{self.name}' may not use scenario '{scenario}'")
+
+    def require_admin(self, what: str) -> None:
+        if not self.admin:
+            raise Forbidden(f"token '{self.name}' is not an admin token; {what} needs one")
+
+
+ANONYMOUS = Principal("anonymous", admin=True)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return f"reef_{secrets.token_urlsafe(32)}"
+
+
+class Authenticator:
+    """Maps a request to its Principal. With no tokens configured everyone is admin; the
+    settings refuse that unless the server binds loopback only."""
+
+    def __init__(self, tokens: tuple[TokenSettings, ...]):
+        self._by_hash = {
+            t.sha256: Principal(t.name, t.admin, frozenset(t.scenarios)) for t in tokens
+        }
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_hash)
+
+    def principal(self, request: Request) -> Principal:
+        if not self._by_hash:
+            return ANONYMOUS
+        token = None
+        header = request.headers.get("authorization")
+        if header and header[:7].lower() == "bearer ":
+            token = header[7:].strip()
+        token = token or request.headers.get("x-api-key")
+        if not token:
+            raise Unauthorized(
+                "missing API key: send 'Authorization: Bearer <token>' or 'x-api-key: <token>'"
+            )
+        principal = self._by_hash.get(hash_token(token))
+        if principal is None:
+            raise Unauthorized("invalid API key")
+        return principal

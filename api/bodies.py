@@ -1,0 +1,57 @@
+"""Request bodies: size-capped reads, JSON parsing and validation into wire models."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from api.errors import from_validation
+from reef.errors import BadRequest, PayloadTooLarge
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object; 413 past `limit` bytes (checked while reading, so a lying or
+    missing Content-Length cannot make us buffer more), 400 for anything but a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes, above the cap of {limit} bytes")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the cap of {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw:
+        raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def validate(model: type[M], data: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise from_validation(e) from None
+
+
+def tags_of(request: Request, prefix: str = "x-reef-tag-") -> dict[str, str]:
+    """Request headers `x-reef-tag-<name>: <value>` as the record's tags."""
+    tags = {}
+    for key, value in request.headers.items():
+        if key.startswith(prefix) and len(key) > len(prefix):
+            if len(tags) >= 32 or len(value) > 512:
+                raise BadRequest("at most 32 x-reef-tag-* headers of up to 512 characters each")
+            tags[key[len(prefix) :]] = value
+    return tags

@@ -1,0 +1,177 @@
+"""The `reef` command: `reef serve` starts the API with its engine; `reef token` makes a token."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from reef.engines.base import Engine
+from reef.errors import ConfigError
+from reef.settings import Settings, load_settings
+
+log = logging.getLogger("reef")
+
+
+def build_engine(settings: Settings) -> Engine:
+    """Construct (not start) the configured engine. Heavy imports (torch) happen only here,
+    so importing the API never loads them."""
+    cfg = settings.engine
+    if cfg.kind == "upstream":
+        from reef.engines.upstream import UpstreamEngine
+
+        assert cfg.upstream_url is not None  # load_settings checked
+        return UpstreamEngine(
+            cfg.upstream_url,
+            model=cfg.upstream_model,
+            api_key=cfg.upstream_api_key.get_secret_value() if cfg.upstream_api_key else None,
+            timeout_s=cfg.upstream_timeout_s,
+            capture_tokens=cfg.upstream_capture_tokens,
+        )
+    from reef.engines.embedded import EmbeddedEngine
+    from reef.models import resolve_model
+
+    model_dir = resolve_model(cfg.model, cfg.model_cache)
+    model_id = cfg.model if cfg.model in ("smollm2", "tiny") else Path(cfg.model).name
+    return EmbeddedEngine(
+        model_dir,
+        model_id,
+        max_batch_size=cfg.max_batch_size,
+        default_max_tokens=cfg.default_max_tokens,
+        threads=cfg.threads,
+    )
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Only the flags given on the command line, as nested settings (they beat YAML and env)."""
+    flag_keys = {
+        "host": ("server", "host"),
+        "port": ("server", "port"),
+        "state_dir": ("server", "state_dir"),
+        "log_level": ("server", "log_level"),
+        "engine": ("engine", "kind"),
+        "model": ("engine", "model"),
+        "upstream_url": ("engine", "upstream_url"),
+        "upstream_model": ("engine", "upstream_model"),
+        "database_url": ("store", "database_url"),
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for flag, (section, key) in flag_keys.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = load_settings(args.config, **_overrides(args))
+    logging.basicConfig(
+        level=settings.server.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings.server.state_dir.mkdir(parents=True, exist_ok=True)
+    engine = build_engine(settings)
+    app = create_app(settings, engine)
+    url = f"http://{settings.server.host}:{settings.server.port}"
+    print(
+        f"reef: serving {engine.kind} engine on {url}/v1 (state in {settings.server.state_dir})",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level=settings.server.log_level,
+        access_log=args.access_log,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def token(args: argparse.Namespace) -> int:
+    from api.auth import hash_token, new_token
+
+    secret = new_token()
+    entry: dict[str, Any] = {"name": args.name, "sha256": hash_token(secret)}
+    if args.admin:
+        entry["admin"] = True
+    else:
+        entry["scenarios"] = args.scenario
+    print(f"token (give it to the client; it is not stored): {secret}")
+    print("add to your config under auth.tokens:")
+    print("  - " + json.dumps(entry))
+    return 0
+
+
+def openapi(args: argparse.Namespace) -> int:
+    from api.app import create_app
+    from reef.engines.upstream import UpstreamEngine
+
+    settings = load_settings(None, server={"state_dir": "/nonexistent"})
+    app = create_app(settings, UpstreamEngine("http://127.0.0.1:9/v1", model="x"), store=_NoStore())
+    text = json.dumps(app.openapi(), indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+class _NoStore:
+    """Only for rendering the spec: the factory needs a store object but never touches it."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("no store when rendering the OpenAPI spec")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reef", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="serve the OpenAI/Anthropic API and record every call")
+    s.add_argument("-c", "--config", type=Path, help="YAML settings file")
+    s.add_argument("--host", help="bind address (default 127.0.0.1; non-loopback needs tokens)")
+    s.add_argument("--port", type=int, help="port (default 8900)")
+    s.add_argument("--state-dir", type=Path, help="SQLite DB and local state (default ./.reef)")
+    s.add_argument("--model", help="smollm2 (default), tiny, or a local Hugging Face model dir")
+    s.add_argument("--engine", choices=["embedded", "upstream"], help="serving engine")
+    s.add_argument("--upstream-url", help="OpenAI base URL ending in /v1 (engine upstream)")
+    s.add_argument("--upstream-model", help="model name sent upstream (default: discovered)")
+    s.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--access-log", action="store_true", help="log every request")
+    s.set_defaults(func=serve)
+
+    t = sub.add_parser("token", help="make an API token and the hash to put in the config")
+    t.add_argument("--name", required=True)
+    g = t.add_mutually_exclusive_group(required=True)
+    g.add_argument("--admin", action="store_true", help="may use every scenario")
+    g.add_argument("--scenario", action="append", help="a scenario it may use (repeatable)")
+    t.set_defaults(func=token)
+
+    o = sub.add_parser("openapi", help="print the HTTP API's OpenAPI spec")
+    o.add_argument("-o", "--output", help="write to this file instead of stdout")
+    o.set_defaults(func=openapi)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as e:
+        print(f"reef: {e.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The HTTP boundary of the error tree: every failure leaves as OpenAI-style error JSON."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from reef.errors import BadRequest, ReefError
+
+log = logging.getLogger("reef.api")
+
+_HTTP_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+}
+
+
+def error_body(err: ReefError, *, anthropic: bool = False) -> dict[str, Any]:
+    """`{"error": {message, type, code, param}}`; Anthropic's routes add `"type": "error"`,
+    which makes the same body parse as an Anthropic error too."""
+    body: dict[str, Any] = {
+        "error": {"message": err.message, "type": err.type, "code": err.code, "param": err.param}
+    }
+    if anthropic:
+        body = {"type": "error", **body}
+    return body
+
+
+def error_response(err: ReefError, request: Request | None = None) -> Response:
+    anthropic = request is not None and request.url.path.startswith("/v1/messages")
+    return Response(
+        orjson.dumps(error_body(err, anthropic=anthropic)),
+        status_code=err.status,
+        media_type="application/json",
+    )
+
+
+def from_validation(
+    err: ValidationError | RequestValidationError, what: str = "request body"
+) -> BadRequest:
+    """A pydantic error as one readable 400: each failing field with its reason."""
+    problems = []
+    first_param = None
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if p not in ("body",))
+        first_param = first_param or loc or None
+        problems.append(f"{loc}: {e['msg']}" if loc else e["msg"])
+    return BadRequest(
+        f"invalid {what}: " + "; ".join(problems), code="invalid_value", param=first_param
+    )
+
+
+def install(app: FastAPI) -> None:
+    metrics = app.state.services.metrics if hasattr(app.state, "services") else None
+
+    def _count(err: ReefError) -> None:
+        if metrics is not None:
+            metrics.errors.labels(err.type, err.code or "").inc()
+
+    async def on_reef_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ReefError)
+        if exc.status >= 500:
+            log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
+        _count(exc)
+        return error_response(exc, request)
+
+    async def on_validation(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        err = from_validation(exc, "request")
+        _count(err)
+        return error_response(err, request)
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        err = ReefError(str(exc.detail))
+        err.status = exc.status_code
+        err.type = _HTTP_TYPES.get(exc.status_code, "server_error")
+        err.code = "not_found" if exc.status_code == 404 else None
+        _count(err)
+        return error_response(err, request)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        err = ReefError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+        _count(err)
+        return error_response(err, request)
+
+    app.add_exception_handler(ReefError, on_reef_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(HTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

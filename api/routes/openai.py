@@ -1,0 +1,102 @@
+"""OpenAI-compatible routes: chat completions (plain and SSE) and the model list."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from api.bodies import read_json, tags_of, validate
+from api.errors import error_body
+from api.services import caller, services
+from reef.errors import ReefError
+from reef.wire import ChatCompletionRequest
+
+router = APIRouter(tags=["openai"])
+log = logging.getLogger("reef.api")
+
+RECEIPT = "x-reef-agent-record-id"
+RELEASE = "x-reef-release-id"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _schema_ref(model: type) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            },
+        }
+    }
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=_schema_ref(ChatCompletionRequest),
+    summary="Create a chat completion (OpenAI wire format); answers carry a receipt header",
+    response_description="chat.completion, or an SSE stream of chat.completion.chunk",
+)
+async def chat_completions(request: Request) -> Response:
+    svc, _, scenario_name = caller(request)
+    body = await read_json(request, svc.settings.server.max_body_bytes)
+    req = validate(ChatCompletionRequest, body)
+    serving = svc.serving
+    model = serving.resolve_model(req.model)
+    param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    serving.check_max_tokens(req.requested_max_tokens, param)
+    scenario = await serving.scenario(scenario_name)
+    call = serving.new_call(
+        scenario, "chat.completions", body, {**body, "model": model}, tags_of(request)
+    )
+    headers = {RECEIPT: call.record_id, RELEASE: call.release_id}
+
+    if not req.stream:
+        record, done = await serving.complete(call)
+        svc.metrics.record_written(scenario.name, call.route, done.response.get("usage"))
+        return Response(
+            orjson.dumps(record.response), media_type="application/json", headers=headers
+        )
+
+    items = await serving.open_stream(call)
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for item in items:
+                if isinstance(item, dict):
+                    yield sse(item)
+                else:
+                    _, done = item
+                    svc.metrics.record_written(
+                        scenario.name, call.route, done.response.get("usage")
+                    )
+                    yield b"data: [DONE]\n\n"
+        except ReefError as e:
+            log.error("stream %s failed: %s", call.record_id, e.message)
+            svc.metrics.errors.labels(e.type, e.code or "").inc()
+            yield sse(error_body(e))
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
+    )
+
+
+@router.get("/v1/models", summary="List the models this server answers to")
+async def list_models(request: Request) -> Response:
+    svc = services(request)
+    svc.auth.principal(request)
+    now = int(time.time())
+    data = [
+        {"id": m, "object": "model", "created": now, "owned_by": f"reef:{svc.engine.kind}"}
+        for m in svc.engine.models()
+    ]
+    return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")

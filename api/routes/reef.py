@@ -1,0 +1,164 @@
+"""Reef's own routes: scenarios, reports (feedback on receipts), and record read-back."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from api.bodies import read_json, validate
+from api.routes.openai import _schema_ref
+from api.services import caller, check_scenario_name, services
+from reef.errors import BadRequest
+from reef.records import Record, Report, Scenario, new_id, utcnow
+from reef.wire import (
+    RecordList,
+    RecordOut,
+    ReleaseOut,
+    ReportIn,
+    ReportList,
+    ReportOut,
+    ScenarioIn,
+    ScenarioOut,
+)
+
+router = APIRouter(prefix="/reef", tags=["reef"])
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def _scenario_out(s: Scenario) -> ScenarioOut:
+    return ScenarioOut(**dataclasses.asdict(s))
+
+
+def _record_out(r: Record) -> RecordOut:
+    return RecordOut(**dataclasses.asdict(r))
+
+
+def _report_out(r: Report, created: bool = True) -> ReportOut:
+    return ReportOut(**{**dataclasses.asdict(r), "references": list(r.references)}, created=created)
+
+
+@router.post(
+    "/scenarios",
+    status_code=201,
+    response_model=ScenarioOut,
+    openapi_extra=_schema_ref(ScenarioIn),
+    summary="Create a scenario (it is also created on first use by x-reef-scenario)",
+)
+async def create_scenario(request: Request) -> ScenarioOut:
+    svc = services(request)
+    principal = svc.auth.principal(request)
+    body = validate(ScenarioIn, await read_json(request, svc.settings.server.max_body_bytes))
+    principal.require(body.name)
+    scenario = await asyncio.to_thread(svc.store.create_scenario, body.name, body.description)
+    return _scenario_out(scenario)
+
+
+@router.get("/scenarios", summary="Scenarios the caller may use")
+async def list_scenarios(request: Request) -> dict[str, object]:
+    svc = services(request)
+    principal = svc.auth.principal(request)
+    scenarios = await asyncio.to_thread(svc.store.list_scenarios)
+    data = [_scenario_out(s) for s in scenarios if principal.may_use(s.name)]
+    return {"object": "list", "data": data}
+
+
+@router.get("/scenarios/{scenario}", response_model=ScenarioOut)
+async def get_scenario(request: Request, scenario: str) -> ScenarioOut:
+    svc, _, name = caller(request, scenario)
+    return _scenario_out(await asyncio.to_thread(svc.store.get_scenario, name))
+
+
+@router.delete(
+    "/scenarios/{scenario}",
+    status_code=204,
+    summary="Delete a scenario with all its records, reports and releases",
+)
+async def delete_scenario(request: Request, scenario: str) -> Response:
+    svc, _, name = caller(request, scenario)
+    await asyncio.to_thread(svc.store.delete_scenario, name)
+    svc.serving.forget(name)
+    return Response(status_code=204)
+
+
+@router.get("/scenarios/{scenario}/releases", summary="The scenario's release chain, oldest first")
+async def list_releases(request: Request, scenario: str) -> dict[str, object]:
+    svc, _, name = caller(request, scenario)
+    releases = await asyncio.to_thread(svc.store.list_releases, name)
+    return {"object": "list", "data": [ReleaseOut(**dataclasses.asdict(r)) for r in releases]}
+
+
+@router.get("/scenarios/{scenario}/records", response_model=RecordList)
+async def list_records(
+    request: Request, scenario: str, after: str | None = None, limit: Limit = 100
+) -> RecordList:
+    svc, _, name = caller(request, scenario)
+    await asyncio.to_thread(svc.store.get_scenario, name)  # 404 for an unknown scenario
+    rows = await asyncio.to_thread(svc.store.list_records, name, after, limit + 1)
+    page = rows[:limit]
+    return RecordList(
+        data=[_record_out(r) for r in page],
+        has_more=len(rows) > limit,
+        last_id=page[-1].id if page else None,
+    )
+
+
+@router.get("/scenarios/{scenario}/records/{record_id}", response_model=RecordOut)
+async def get_record(request: Request, scenario: str, record_id: str) -> RecordOut:
+    svc, _, name = caller(request, scenario)
+    return _record_out(await asyncio.to_thread(svc.store.get_record, name, record_id))
+
+
+@router.get("/scenarios/{scenario}/reports", response_model=ReportList)
+async def list_reports(
+    request: Request, scenario: str, after: str | None = None, limit: Limit = 100
+) -> ReportList:
+    svc, _, name = caller(request, scenario)
+    await asyncio.to_thread(svc.store.get_scenario, name)
+    rows = await asyncio.to_thread(svc.store.list_reports, name, after, limit + 1)
+    page = rows[:limit]
+    return ReportList(
+        data=[_report_out(r) for r in page],
+        has_more=len(rows) > limit,
+        last_id=page[-1].id if page else None,
+    )
+
+
+@router.post(
+    "/report",
+    response_model=ReportOut,
+    status_code=201,
+    openapi_extra=_schema_ref(ReportIn),
+    summary="Report feedback on receipts of the caller's scenario (x-reef-scenario)",
+    responses={200: {"description": "a retry of a stored report (same report_id and content)"}},
+)
+async def report(request: Request, response: Response) -> ReportOut:
+    svc, _, name = caller(request)
+    body = validate(ReportIn, await read_json(request, svc.settings.server.max_body_bytes))
+    check_scenario_name(name)
+    found = await asyncio.to_thread(svc.store.existing_record_ids, name, body.references)
+    missing = [r for r in body.references if r not in found]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise BadRequest(
+            f"unknown receipts for scenario '{name}': {shown}",
+            code="unknown_reference",
+            param="references",
+        )
+    report = Report(
+        id=body.report_id or new_id("rpt"),
+        scenario=name,
+        created_at=utcnow(),
+        references=tuple(body.references),
+        score=body.score,
+        feedback=body.feedback,
+        metadata=body.metadata,
+    )
+    stored, created = await asyncio.to_thread(svc.store.add_report, report)
+    if created:
+        svc.metrics.reports.labels(name).inc()
+    else:
+        response.status_code = 200
+    return _report_out(stored, created)

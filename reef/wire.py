@@ -1,0 +1,172 @@
+"""Wire models at the HTTP edge: what the OpenAI, Anthropic and Reef routes accept.
+
+These validate types and ranges only. Chat bodies are forwarded as the client sent them
+(unknown fields pass through to an upstream), so the models allow extra fields; Reef's own
+bodies forbid them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
+class _Open(BaseModel):
+    # strict: a string where a number belongs is an error, not a silent coercion
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatCompletionRequest(_Open):
+    """OpenAI `POST /v1/chat/completions` body."""
+
+    model: str
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    stream: bool = False
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    n: Annotated[int, Field(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    stream_options: dict[str, Any] | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class AnthropicMessage(_Open):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicMessagesRequest(_Open):
+    """Anthropic `POST /v1/messages` body."""
+
+    model: str
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)]
+    system: str | list[dict[str, Any]] | None = None
+    stream: bool = False
+    temperature: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    stop_sequences: list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ReportIn(_Closed):
+    """`POST /reef/report`: feedback on one or more receipts of the caller's scenario."""
+
+    report_id: Annotated[str, Field(pattern=ID_PATTERN)] | None = Field(
+        None, description="idempotency key: same id and content → same answer; else 409"
+    )
+    score: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    feedback: str | dict[str, Any] | None = None
+    references: Annotated[list[str], Field(min_length=1, max_length=10_000)]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("references")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("references must be unique receipts")
+        return v
+
+    @model_validator(mode="after")
+    def _says_something(self) -> ReportIn:
+        if self.score is None and self.feedback is None:
+            raise ValueError("a report needs a score, feedback, or both")
+        return self
+
+
+class ScenarioIn(_Closed):
+    name: Annotated[str, Field(pattern=SCENARIO_PATTERN)]
+    description: Annotated[str, Field(max_length=2000)] | None = None
+
+
+# --- answers of Reef's own routes (documented in the OpenAPI spec) ---------------------------
+
+
+class ReleaseOut(BaseModel):
+    id: str
+    seq: int
+    parent_id: str | None
+    kind: str
+    created_at: datetime
+    uri: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScenarioOut(BaseModel):
+    name: str
+    description: str | None
+    created_at: datetime
+    head_release_id: str
+
+
+class RecordOut(BaseModel):
+    id: str
+    scenario: str
+    created_at: datetime
+    route: str
+    model: str
+    stream: bool
+    request: dict[str, Any]
+    response: dict[str, Any]
+    release_id: str
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[int] | None
+    logprobs: list[float] | None
+    timings: dict[str, float]
+    tags: dict[str, str]
+
+
+class RecordList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[RecordOut]
+    has_more: bool
+    last_id: str | None
+
+
+class ReportOut(BaseModel):
+    id: str
+    scenario: str
+    created_at: datetime
+    references: list[str]
+    score: float | None
+    feedback: str | dict[str, Any] | None
+    metadata: dict[str, Any]
+    created: bool = Field(True, description="false when this answers a retry of a stored report")
+
+
+class ReportList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ReportOut]
+    has_more: bool
+    last_id: str | None

@@ -1,0 +1,47 @@
+"""One real `reef serve --model tiny` for the API tests; each test uses its own scenario."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.reefserver import ReefServer
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    state = tmp_path_factory.mktemp("reef-api")
+    config = state / "serve.yaml"
+    config.write_text(
+        "server:\n  max_body_bytes: 65536\n  max_tokens_cap: 512\nengine:\n  default_max_tokens: 16\n"
+    )
+    with ReefServer(state, "--model", "tiny", "-c", str(config)) as srv:
+        yield srv
+
+
+@pytest.fixture
+def scenario() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def headers(scenario: str) -> dict[str, str]:
+    return {"x-reef-scenario": scenario}
+
+
+def records_of(server: ReefServer, scenario: str) -> list[dict]:
+    import httpx
+
+    r = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records", params={"limit": 1000})
+    if r.status_code == 404:
+        return []
+    r.raise_for_status()
+    return r.json()["data"]
+
+
+@pytest.fixture
+def state_dir(server: ReefServer) -> Path:
+    return server.state_dir

@@ -1,0 +1,62 @@
+"""Liveness, readiness, metrics and the published OpenAPI spec."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.reefserver import ReefServer
+
+
+def test_healthz_and_readyz(server: ReefServer) -> None:
+    assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
+    r = httpx.get(f"{server.url}/readyz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ready", "store": "ok", "engine": "ok"}
+
+
+def test_metrics_count_requests_tokens_records_and_errors(
+    server: ReefServer, scenario: str
+) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    httpx.post(
+        f"{server.url}/v1/chat/completions", json=body, headers={"x-reef-scenario": scenario}
+    )
+    httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={**body, "model": "nope"},
+        headers={"x-reef-scenario": scenario},
+    )
+    text = httpx.get(f"{server.url}/metrics").text
+    assert (
+        f'reef_records_written_total{{route="chat.completions",scenario="{scenario}"}} 1.0' in text
+    )
+    assert f'reef_tokens_total{{kind="completion",scenario="{scenario}"}}' in text
+    assert (
+        'reef_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text
+    )
+    assert (
+        'reef_http_requests_total{method="POST",route="/v1/chat/completions",status="404"}' in text
+    )
+    assert 'reef_errors_total{code="model_not_found",type="not_found_error"}' in text
+    assert (
+        'reef_http_request_seconds_bucket{le="0.5",method="POST",route="/v1/chat/completions"}'
+        in text
+    )
+
+
+def test_openapi_spec_documents_the_routes(server: ReefServer) -> None:
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    for path in (
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/models",
+        "/reef/report",
+        "/reef/scenarios",
+    ):
+        assert path in spec["paths"], path
+    body = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"][
+        "application/json"
+    ]
+    assert body["schema"]["$ref"] == "#/components/schemas/ChatCompletionRequest"
+    assert "messages" in spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert "references" in spec["components"]["schemas"]["ReportIn"]["properties"]
