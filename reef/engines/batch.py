@@ -1,0 +1,116 @@
+"""The running batch: sequences decoded together over one left-padded KV cache.
+
+Rows are left-padded so every row's newest token sits in the last column and one forward
+pass of shape [rows, 1] advances them all. Each row keeps its own length, which gives its
+position ids (padding does not count), and the attention mask hides the padding. Rows can
+join (a freshly prefilled batch is merged in: the shorter cache gets more left padding) and
+leave (finished or cancelled rows are dropped, and columns that became padding in every row
+are trimmed), which is what lets requests enter and exit between decode steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache
+
+
+class Batch:
+    """Rows in flight: their KV cache [rows, heads, cols, dim] per layer, mask [rows, cols], lengths."""
+
+    def __init__(self, cache: DynamicCache, mask: torch.Tensor, lengths: torch.Tensor):
+        self.cache = cache
+        self.mask = mask
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def columns(self) -> int:
+        return int(self.mask.shape[1])
+
+    @classmethod
+    def prefill(
+        cls, model: torch.nn.Module, prompts: list[list[int]], pad_id: int
+    ) -> tuple[Batch, torch.Tensor]:
+        """Run the prompts through the model together; return the batch and next-token logits."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=DynamicCache(),
+            use_cache=True,
+            logits_to_keep=1,  # the prompt's other positions need no vocabulary projection
+        )
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        return cls(out.cache, mask, lengths), out.logits[:, -1, :]
+
+    def step(self, model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+        """Feed each row its newest token; return next-token logits [rows, vocab]."""
+        mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long)], dim=1)
+        out = model(
+            input_ids=torch.tensor(tokens, dtype=torch.long).unsqueeze(1),
+            attention_mask=mask,
+            position_ids=self.lengths.unsqueeze(1),
+            cache=self.cache,
+            use_cache=True,
+        )
+        # The cache grows in place layer by layer: after a failed pass the batch is unusable,
+        # and the caller drops it with every row it held.
+        self.cache, self.mask, self.lengths = out.cache, mask, self.lengths + 1
+        return out.logits[:, -1, :]
+
+    def select(self, rows: list[int]) -> Batch | None:
+        """Keep only `rows` (in that order); None when none are left."""
+        if not rows:
+            return None
+        index = torch.tensor(rows, dtype=torch.long)
+        mask = self.mask.index_select(0, index)
+        # Columns that were padding for every remaining row (the dropped rows were longer).
+        start = int((mask.sum(0) > 0).nonzero()[0])
+        return Batch(
+            _map_cache(self.cache, lambda t: t.index_select(0, index)[:, :, start:]),
+            mask[:, start:],
+            self.lengths.index_select(0, index),
+        )
+
+    def merge(self, other: Batch) -> Batch:
+        """One batch with this one's rows first, then `other`'s, padded on the left to one width."""
+        width = max(self.columns, other.columns)
+        a_pad, b_pad = width - self.columns, width - other.columns
+        layers = []
+        for (ak, av, *_), (bk, bv, *_) in zip(self.cache, other.cache, strict=True):
+            layers.append(
+                (
+                    torch.cat([_left_pad(ak, a_pad), _left_pad(bk, b_pad)], dim=0),
+                    torch.cat([_left_pad(av, a_pad), _left_pad(bv, b_pad)], dim=0),
+                )
+            )
+        mask = torch.cat(
+            [
+                torch.nn.functional.pad(self.mask, (a_pad, 0)),
+                torch.nn.functional.pad(other.mask, (b_pad, 0)),
+            ],
+            dim=0,
+        )
+        return Batch(
+            DynamicCache(ddp_cache_data=layers), mask, torch.cat([self.lengths, other.lengths])
+        )
+
+
+def _left_pad(states: torch.Tensor, n: int) -> torch.Tensor:
+    """Zero columns in front of [rows, heads, cols, dim] states: masked out, and never NaN."""
+    return torch.nn.functional.pad(states, (0, 0, n, 0)) if n else states
+
+
+def _map_cache(cache: DynamicCache, fn: Callable[[torch.Tensor], torch.Tensor]) -> DynamicCache:
+    return DynamicCache(ddp_cache_data=[(fn(k), fn(v)) for k, v, *_ in cache])

@@ -1,0 +1,171 @@
+"""The database tables (SQLModel): the only place Reef's schema is declared."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend.
+
+    Postgres keeps the zone (timestamptz); SQLite stores naive text, so values are written
+    as naive UTC and given their UTC zone back on read.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        # A naive timestamp is taken as UTC (what utcnow() would have given), never local time.
+        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# Ids compare bytewise on Postgres whatever the database's locale: `after=` pagination relies
+# on the database ordering ids exactly as Python's sorted() does.
+Key = String().with_variant(String(collation="C"), "postgresql")
+
+# Small structured values (tags, timings, metadata, references): JSONB on Postgres so they
+# can be queried and indexed later.
+Json = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+# Wire bodies and token data: JSON text kept verbatim on every backend. A request's key
+# order is what a chat template renders tool schemas in, and JSONB would reorder it; plain
+# JSON is also cheaper to write on the hot path.
+Document = JSON(none_as_null=True)
+
+
+def _scenario_fk(name: str) -> Any:
+    return Field(
+        sa_column=Column(
+            "scenario",
+            String,
+            ForeignKey("scenarios.name", ondelete="CASCADE", name=name),
+            nullable=False,
+        )
+    )
+
+
+class ScenarioRow(SQLModel, table=True):
+    __tablename__ = "scenarios"
+
+    name: str = Field(sa_column=Column("name", String, primary_key=True))
+    description: str | None = Field(default=None, sa_column=Column("description", Text))
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    # Deferred so the scenario and its base release go in one transaction, in either order;
+    # `use_alter` because scenarios and releases reference each other.
+    head_release_id: str = Field(
+        sa_column=Column(
+            "head_release_id",
+            Key,
+            ForeignKey(
+                "releases.id",
+                name="fk_scenarios_head_release_id",
+                deferrable=True,
+                initially="DEFERRED",
+                use_alter=True,
+            ),
+            nullable=False,
+        )
+    )
+
+
+class ReleaseRow(SQLModel, table=True):
+    __tablename__ = "releases"
+    __table_args__ = (UniqueConstraint("scenario", "seq", name="uq_releases_scenario_seq"),)
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    scenario: str = _scenario_fk("fk_releases_scenario")
+    seq: int = Field(nullable=False)
+    parent_id: str | None = Field(
+        default=None,
+        sa_column=Column("parent_id", Key, ForeignKey("releases.id", name="fk_releases_parent")),
+    )
+    kind: str = Field(sa_column=Column("kind", String, nullable=False))
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    uri: str | None = Field(default=None, sa_column=Column("uri", Text))
+    # `metadata` is taken by SQLAlchemy's declarative base; the column keeps the real name.
+    meta: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column("metadata", Json, nullable=False)
+    )
+
+
+class RecordRow(SQLModel, table=True):
+    __tablename__ = "records"
+    # (scenario, id) serves both scenario lookups and `after=` pagination; a separate index on
+    # scenario alone would only slow the hot insert path. release_id has no foreign key for
+    # the same reason: releases are append-only and leave only together with their records.
+    __table_args__ = (Index("ix_records_scenario_id", "scenario", "id"),)
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    scenario: str = _scenario_fk("fk_records_scenario")
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    route: str = Field(sa_column=Column("route", String, nullable=False))
+    model: str = Field(sa_column=Column("model", String, nullable=False))
+    stream: bool = Field(nullable=False)
+    request: dict[str, Any] = Field(sa_column=Column("request", Document, nullable=False))
+    response: dict[str, Any] = Field(sa_column=Column("response", Document, nullable=False))
+    release_id: str = Field(sa_column=Column("release_id", Key, nullable=False))
+    prompt_token_ids: list[int] | None = Field(
+        default=None, sa_column=Column("prompt_token_ids", Document)
+    )
+    completion_token_ids: list[int] | None = Field(
+        default=None, sa_column=Column("completion_token_ids", Document)
+    )
+    logprobs: list[float] | None = Field(default=None, sa_column=Column("logprobs", Document))
+    timings: dict[str, float] = Field(
+        default_factory=dict, sa_column=Column("timings", Json, nullable=False)
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict, sa_column=Column("tags", Json, nullable=False)
+    )
+
+
+class ReportRow(SQLModel, table=True):
+    __tablename__ = "reports"
+    __table_args__ = (Index("ix_reports_scenario_id", "scenario", "id"),)
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    scenario: str = _scenario_fk("fk_reports_scenario")
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    references: list[str] = Field(sa_column=Column("references", Json, nullable=False))
+    score: float | None = Field(default=None, sa_column=Column("score", Float))
+    feedback: Any = Field(default=None, sa_column=Column("feedback", Json))
+    meta: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column("metadata", Json, nullable=False)
+    )
+    # sha256 of the report's content: what an idempotent retry is compared by.
+    content_hash: str = Field(sa_column=Column("content_hash", String(64), nullable=False))
+
+
+# Core handles on the tables: the store writes and reads through these (no ORM objects on
+# the hot path).
+scenarios: Table = SQLModel.metadata.tables["scenarios"]
+releases: Table = SQLModel.metadata.tables["releases"]
+records: Table = SQLModel.metadata.tables["records"]
+reports: Table = SQLModel.metadata.tables["reports"]
