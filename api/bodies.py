@@ -48,7 +48,7 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
 
 def tags_of(request: Request, prefix: str = "x-reef-tag-") -> dict[str, str]:
     """Request headers `x-reef-tag-<name>: <value>` as the record's tags."""
-    tags = {}
+    tags: dict[str, str] = {}
     for key, value in request.headers.items():
         if key.startswith(prefix) and len(key) > len(prefix):
             if len(tags) >= 32 or len(value) > 512:

@@ -32,7 +32,8 @@ class Services:
 
 
 def services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
+    svc: Services = request.app.state.services
+    return svc
 
 
 def check_scenario_name(name: str) -> str:

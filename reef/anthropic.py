@@ -185,7 +185,7 @@ class StreamTranslator:
         self._next_index = 0
 
     def start(self) -> list[tuple[str, dict[str, Any]]]:
-        message = {
+        message: dict[str, Any] = {
             "id": self.msg_id,
             "type": "message",
             "role": "assistant",

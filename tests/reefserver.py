@@ -87,3 +87,35 @@ class ReefServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+ECHO_UPSTREAM = Path(__file__).resolve().parents[1] / "bench" / "echo_upstream.py"
+
+
+class EchoUpstream:
+    """bench/echo_upstream.py in a subprocess: a real OpenAI-compatible HTTP server standing
+    in for a remote upstream (vLLM, a hosted API); `base_url` ends in /v1."""
+
+    def __init__(self, *args: str):
+        self.args = args
+        self.proc: subprocess.Popen[str] | None = None
+        self.base_url = ""
+
+    def __enter__(self) -> EchoUpstream:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ECHO_UPSTREAM), "--port", "0", *self.args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # "listening on http://127.0.0.1:PORT"
+        if not line.startswith("listening on "):
+            self.__exit__()
+            raise RuntimeError(f"echo upstream did not start: {line!r}")
+        self.base_url = line.split()[-1] + "/v1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
