@@ -78,7 +78,9 @@ class StoreSettings(_Section):
         None, description="sqlite:///path or postgresql+psycopg://...; default: state_dir/reef.db"
     )
     commit_window_ms: float = Field(
-        2.0, ge=0, description="group commit: how long a commit waits for more writes"
+        0.0,
+        ge=0,
+        description="group commit: extra wait for company before a commit (0: natural batching only)",
     )
     commit_max_batch: int = Field(512, ge=1)
 

@@ -1,0 +1,398 @@
+"""What Reef adds in upstream mode: wrk against the echo upstream directly, then through Reef.
+
+One run: starts bench/echo_upstream.py, measures it with wrk (bench/chat.lua: a small chat
+completion POST) at 1 and 16 connections, starts `reef serve --engine upstream` in front of it,
+measures the same through Reef, and checks that every 200 Reef answered carries a receipt
+header and left a durable record (records in the database vs. 200s counted by wrk's Lua
+`response` hook). Prints a table with the through-Reef / direct ratios and writes JSON to
+bench/results/.
+
+Targets: added p50 at 1 connection <= 1 ms; >= 1,500 recorded requests/s at 16 connections.
+
+    .venv/bin/python bench/upstream_overhead.py                 # SQLite in a temp state dir
+    .venv/bin/python bench/upstream_overhead.py --database-url postgresql+psycopg://root@127.0.0.1/reef_bench
+    .venv/bin/python bench/upstream_overhead.py --py-spy /tmp/cb/bin/py-spy   # + a profile of Reef
+    .venv/bin/python bench/upstream_overhead.py --env REEF_STORE__COMMIT_WINDOW_MS=0
+
+The machine these numbers come from has two cores shared by wrk, the echo upstream and Reef,
+so the absolute numbers are a floor; the ratio is what to watch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ECHO = HERE / "echo_upstream.py"
+LUA = HERE / "chat.lua"
+RESULTS = HERE / "results"
+REEF = Path(sys.executable).with_name("reef")
+TARGET_ADDED_P50_MS = 1.0
+TARGET_RECORDED_RPS = 1500.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_echo() -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, str(ECHO), "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"echo upstream did not start: {line!r}")
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[Any] | None = None) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(url: str, connections: int, duration_s: float, pid: int) -> dict[str, Any]:
+    """A wrk run plus the server's CPU per request and the machine's load around it (the
+    machine may be shared: a high load average makes the numbers a floor)."""
+    before = cpu_seconds(pid)
+    result = wrk(url, connections, duration_s)
+    used = cpu_seconds(pid) - before
+    result["server_cpu_us_per_request"] = round(used / max(result["requests"], 1) * 1e6, 1)
+    result["server_cpu_share"] = round(used / (result["duration_us"] / 1e6), 3)
+    result["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    return result
+
+
+def wrk(url: str, connections: int, duration_s: float) -> dict[str, Any]:
+    """One wrk run; the Lua script's totals plus wrk's own requests/s."""
+    cmd = [
+        "wrk",
+        "-t1",  # one thread: the machine has two cores and the servers need them more
+        f"-c{connections}",
+        f"-d{duration_s:g}s",
+        "--timeout",
+        "10s",
+        "--latency",
+        "-s",
+        str(LUA),
+        url,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60)
+    if out.returncode != 0:
+        raise SystemExit(f"wrk failed ({out.returncode}): {out.stderr or out.stdout}")
+    line = next((x for x in out.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
+    if line is None:
+        raise SystemExit(f"wrk printed no WRK_JSON line:\n{out.stdout}\n{out.stderr}")
+    result = json.loads(line.removeprefix("WRK_JSON "))
+    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+    result["ok_rps"] = result["ok"] / (result["duration_us"] / 1e6)
+    result["connections"] = connections
+    return result
+
+
+class RecordCounter:
+    """Counts rows of Reef's `records` table (SQLite file or Postgres)."""
+
+    def __init__(self, database_url: str | None, state_dir: Path):
+        self.url = database_url
+        self.path = state_dir / "reef.db"
+
+    def count(self) -> int:
+        if self.url and self.url.startswith("postgresql"):
+            import psycopg
+
+            with psycopg.connect(_libpq(self.url)) as conn:
+                row = conn.execute("SELECT count(*) FROM records").fetchone()
+                return int(row[0]) if row else 0
+        path = Path(self.url.removeprefix("sqlite:///")) if self.url else self.path
+        with sqlite3.connect(path) as conn:
+            return int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def ensure_postgres_database(url: str) -> None:
+    """Create the bench database when it does not exist (records are counted as deltas, so an
+    existing one is fine)."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    try:
+        psycopg.connect(_libpq(url), connect_timeout=5).close()
+        return
+    except psycopg.OperationalError as e:
+        if "does not exist" not in str(e):
+            raise SystemExit(f"cannot reach {url}: {e}") from None
+    target = make_url(url)
+    admin = target.set(drivername="postgresql", database="postgres")
+    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{target.database}"')
+    print(f"created database {target.database}", flush=True)
+
+
+def py_spy_summary(raw: Path, top: int = 25) -> dict[str, Any]:
+    """Self and inclusive sample shares per function from `py-spy record -f raw` output."""
+    self_counts: collections.Counter[str] = collections.Counter()
+    incl_counts: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        total += count
+        frames = [f for f in stack.split(";") if not f.startswith("process ") and f]
+        if not frames:
+            continue
+        self_counts[_frame(frames[-1])] += count
+        for name in {_frame(f) for f in frames}:
+            incl_counts[name] += count
+
+    def share(counts: collections.Counter[str]) -> list[dict[str, Any]]:
+        return [
+            {"function": name, "share": round(n / max(total, 1), 4)}
+            for name, n in counts.most_common(top)
+        ]
+
+    return {"samples": total, "self": share(self_counts), "inclusive": share(incl_counts)}
+
+
+def _frame(frame: str) -> str:
+    # "func (path/to/module.py:123)" -> "func (module.py)"; line numbers would split one function
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    file = where.rsplit(":", 1)[0]
+    parts = Path(file).parts
+    if "site-packages" in parts:
+        file = "/".join(parts[parts.index("site-packages") + 1 :])
+    elif str(ROOT) in file:
+        file = str(Path(file).relative_to(ROOT))
+    return f"{name} ({file})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each")
+    p.add_argument("--low", type=int, default=1, help="connections for the latency run")
+    p.add_argument("--high", type=int, default=16, help="connections for the throughput run")
+    p.add_argument("--database-url", help="bench Reef on this database (default: SQLite)")
+    p.add_argument("--reef", type=Path, default=REEF, help="the reef console script")
+    p.add_argument("--wait-for-reef", type=float, default=0.0, help="seconds to wait for it")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment for reef serve, e.g. REEF_STORE__COMMIT_WINDOW_MS=0 (repeatable)",
+    )
+    p.add_argument("--py-spy", help="py-spy binary: profile Reef during the throughput run")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
+    args = p.parse_args(argv)
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (apt-get install -y wrk)")
+
+    result: dict[str, Any] = {
+        "bench": "upstream_overhead",
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "duration_s": args.duration,
+        "database": "postgres" if (args.database_url or "").startswith("postgresql") else "sqlite",
+        "direct": {},
+        "reef": {},
+    }
+    if args.database_url and args.database_url.startswith("postgresql"):
+        ensure_postgres_database(args.database_url)
+    echo, echo_port = start_echo()
+    procs: list[subprocess.Popen[Any]] = [echo]
+    state_dir = Path(tempfile.mkdtemp(prefix="reef-bench-"))
+    try:
+        direct_url = f"http://127.0.0.1:{echo_port}"
+        print(f"echo upstream on {direct_url}; measuring it directly", flush=True)
+        wrk(direct_url, args.high, args.warmup)
+        for conns in (args.low, args.high):
+            result["direct"][str(conns)] = measured(direct_url, conns, args.duration, echo.pid)
+
+        deadline = time.monotonic() + args.wait_for_reef
+        while not args.reef.exists() and time.monotonic() < deadline:
+            time.sleep(5)
+        if not args.reef.exists():
+            result["reef_error"] = f"{args.reef} does not exist (the API is not installed yet)"
+            return finish(result, args.out)
+        port = free_port()
+        cmd = [
+            str(args.reef),
+            "serve",
+            "--engine",
+            "upstream",
+            "--upstream-url",
+            f"http://127.0.0.1:{echo_port}/v1",
+            "--upstream-model",
+            "echo",
+            "--state-dir",
+            str(state_dir),
+            "--port",
+            str(port),
+        ]
+        if args.database_url:
+            cmd += ["--database-url", args.database_url]
+        log = (state_dir / "reef.log").open("w")
+        env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
+        result["reef_env"] = args.env
+        reef = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        procs.append(reef)
+        reef_url = f"http://127.0.0.1:{port}"
+        ready = wait_http(f"{reef_url}/healthz", max(60.0, args.wait_for_reef), reef)
+        if not ready:
+            log.flush()
+            tail = (state_dir / "reef.log").read_text()[-2000:]
+            result["reef_error"] = f"`reef serve --engine upstream` did not become ready:\n{tail}"
+            return finish(result, args.out)
+        print(f"reef serve on {reef_url} (pid {reef.pid}); measuring through it", flush=True)
+        counter = RecordCounter(args.database_url, state_dir)
+        wrk(reef_url, args.high, args.warmup)
+        for conns in (args.low, args.high):
+            before = counter.count()
+            spy = None
+            if args.py_spy and conns == args.high:
+                raw = state_dir / "py-spy.txt"
+                spy_cmd = [args.py_spy, "record", "-p", str(reef.pid), "-r", "250", "--nonblocking"]
+                spy_cmd += ["-d", f"{args.duration:g}", "-f", "raw", "-o", str(raw)]
+                spy = subprocess.Popen(
+                    spy_cmd,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            run = measured(reef_url, conns, args.duration, reef.pid)
+            run["records"] = counter.count() - before
+            # wrk stops with requests in flight: Reef may have recorded answers wrk never read,
+            # so records may exceed the 200s by up to the connection count, never fall short.
+            run["records_missing"] = max(0, run["ok"] - run["records"])
+            run["records_unread"] = max(0, run["records"] - run["ok"])
+            run["receipts_missing"] = run["ok"] - run["receipts"]
+            result["reef"][str(conns)] = run
+            if spy is not None:
+                _, err = spy.communicate(timeout=args.duration + 30)
+                if spy.returncode == 0 and (state_dir / "py-spy.txt").exists():
+                    result["profile"] = py_spy_summary(state_dir / "py-spy.txt")
+                else:
+                    result["profile_error"] = err.strip()[-500:]
+        return finish(result, args.out)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def finish(result: dict[str, Any], out: Path) -> int:
+    direct, reef = result["direct"], result["reef"]
+    rows = []
+    for conns in direct:
+        d = direct[conns]
+        rows.append(("direct", conns, d))
+        if conns in reef:
+            rows.append(("reef", conns, reef[conns]))
+    print()
+    print(
+        f"{'target':8} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} "
+        f"{'records':>8} {'missing':>8} {'cpu us/req':>10} {'load':>5}"
+    )
+    for name, conns, r in rows:
+        records = str(r.get("records", "-"))
+        missing = str(r.get("records_missing", "-") if name == "reef" else "-")
+        print(
+            f"{name:8} {conns:>5} {r['rps']:>9.0f} {r['p50_us'] / 1e3:>8.2f} "
+            f"{r['p99_us'] / 1e3:>8.2f} {r['non_2xx']:>8} {records:>8} {missing:>8} "
+            f"{r['server_cpu_us_per_request']:>10.0f} {r['loadavg_1m']:>5.1f}"
+        )
+    verdict: dict[str, Any] = {}
+    if reef:
+        low, high = min(reef, key=int), max(reef, key=int)
+        added = (reef[low]["p50_us"] - direct[low]["p50_us"]) / 1e3
+        recorded_rps = min(reef[high]["ok"], reef[high]["records"]) / (
+            reef[high]["duration_us"] / 1e6
+        )
+        durable = all(
+            r["records_missing"] == 0 and r["receipts_missing"] == 0 and r["non_2xx"] == 0
+            for r in reef.values()
+        )
+        verdict = {
+            "added_p50_ms": round(added, 3),
+            "added_p50_ok": added <= TARGET_ADDED_P50_MS,
+            "recorded_rps": round(recorded_rps, 1),
+            "recorded_rps_ok": recorded_rps >= TARGET_RECORDED_RPS,
+            "every_200_durable": durable,
+            "ratio_rps": {c: round(reef[c]["rps"] / direct[c]["rps"], 4) for c in reef},
+            "ratio_p50": {c: round(reef[c]["p50_us"] / direct[c]["p50_us"], 2) for c in reef},
+        }
+        print()
+        print(
+            f"added p50 at {low} conn: {added:.2f} ms (target <= {TARGET_ADDED_P50_MS:g}) "
+            f"{'OK' if verdict['added_p50_ok'] else 'MISSED'}"
+        )
+        print(
+            f"recorded req/s at {high} conns: {recorded_rps:.0f} (target >= "
+            f"{TARGET_RECORDED_RPS:g}) {'OK' if verdict['recorded_rps_ok'] else 'MISSED'}"
+        )
+        print(f"every 200 had a receipt and a durable record: {durable}")
+        print(f"through-Reef / direct: req/s {verdict['ratio_rps']}, p50 {verdict['ratio_p50']}")
+    if "reef_error" in result:
+        print(f"\nthrough Reef: not measured: {result['reef_error']}")
+    if "profile" in result:
+        print("\nReef process, py-spy self time (top 15):")
+        for row in result["profile"]["self"][:15]:
+            print(f"  {row['share'] * 100:5.1f}%  {row['function']}")
+    result["verdict"] = verdict
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"upstream_overhead-{result['at'].replace(':', '')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
