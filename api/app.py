@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,6 +57,10 @@ def create_app(settings: Settings, engine: Engine, store: Store | None = None) -
         await asyncio.to_thread(store.migrate)
         await committer.start()
         await engine.start()
+        # Everything loaded so far (framework, engine, model) lives as long as the process:
+        # move it out of the collector's sight. Measured: full collections scanning it were
+        # the 75 ms p99 at 16 connections (10 ms frozen), and cost ~15% of throughput.
+        gc.freeze()
         log.info("reef ready: engine=%s models=%s", engine.kind, ", ".join(engine.models()))
         try:
             yield
@@ -72,6 +77,9 @@ def create_app(settings: Settings, engine: Engine, store: Store | None = None) -
             "a receipt (`x-reef-agent-record-id`), plus feedback reports against receipts."
         ),
         lifespan=lifespan,
+        # Our metrics are Prometheus (/metrics). FastAPI's OpenTelemetry hooks would otherwise
+        # look up the global providers on every request (measured: 1.5-5% of the hot path).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.services = svc
     errors.install(app)

@@ -46,12 +46,18 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
         raise from_validation(e) from None
 
 
-def tags_of(request: Request, prefix: str = "x-reef-tag-") -> dict[str, str]:
-    """Request headers `x-reef-tag-<name>: <value>` as the record's tags."""
+_TAG_PREFIX = b"x-reef-tag-"
+
+
+def tags_of(request: Request) -> dict[str, str]:
+    """Request headers `x-reef-tag-<name>: <value>` as the record's tags.
+
+    Scans the raw ASGI header list (names arrive lower-cased) rather than building Starlette's
+    Headers view: this runs on every inference call."""
     tags: dict[str, str] = {}
-    for key, value in request.headers.items():
-        if key.startswith(prefix) and len(key) > len(prefix):
+    for key, value in request.scope["headers"]:
+        if key.startswith(_TAG_PREFIX) and len(key) > len(_TAG_PREFIX):
             if len(tags) >= 32 or len(value) > 512:
                 raise BadRequest("at most 32 x-reef-tag-* headers of up to 512 characters each")
-            tags[key[len(prefix) :]] = value
+            tags[key[len(_TAG_PREFIX) :].decode("latin-1")] = value.decode("latin-1")
     return tags

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,84 @@ def _describe(e: SQLAlchemyError) -> str:
     return f"{type(orig).__name__}: {first}"
 
 
+class _RecordInsert:
+    """Inserts a batch of records through the DB-API connection directly (one executemany,
+    one transaction).
+
+    Why: on the group commit's critical path SQLAlchemy's execution machinery (pool events,
+    the BEGIN event, the execution context) cost ~200 us per commit on the project machine,
+    as much as SQLite's WAL fsync itself (measured: 435 us vs 235 us p50 per one-record
+    commit). Values are converted by the columns' own SQLAlchemy bind processors, so what is
+    written is exactly what a Core insert writes and what the reads expect. Errors use the
+    DB-API's standard exception classes, the same on sqlite3 and psycopg.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.dbapi = engine.dialect.loaded_dbapi
+        self.sqlite = engine.dialect.name == "sqlite"
+        columns = list(tables.records.columns)
+        self.names = [c.name for c in columns]
+        self.processors: list[Callable[[Any], Any] | None] = [
+            c.type.bind_processor(engine.dialect) for c in columns
+        ]
+        mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+        marks = ", ".join(mark for _ in columns)
+        self.sql = f"INSERT INTO records ({', '.join(self.names)}) VALUES ({marks})"
+
+    def __call__(self, rows: list[dict[str, Any]], what: str) -> None:
+        try:
+            params = [
+                tuple(
+                    proc(row[name]) if proc else row[name]
+                    for name, proc in zip(self.names, self.processors, strict=True)
+                )
+                for row in rows
+            ]
+        except (TypeError, ValueError, orjson.JSONEncodeError) as e:
+            raise BadRequest(f"cannot store {what}: {type(e).__name__}: {e}") from e
+        try:
+            raw = self.engine.raw_connection()  # pooled: pragmas set, pre-pinged on Postgres
+        except DBAPIError as e:
+            raise StoreError(f"database error while {what}: {_describe(e)}") from e
+        except self.dbapi.Error as e:
+            raise StoreError(f"database error while {what}: {type(e).__name__}: {e}") from e
+        try:
+            cursor = raw.cursor()
+            try:
+                if self.sqlite:  # autocommit mode (see _pragmas): take the write lock up front
+                    cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor.executemany(self.sql, params)
+                    if self.sqlite:
+                        cursor.execute("COMMIT")
+                    else:
+                        raw.commit()
+                except BaseException:
+                    if self.sqlite:
+                        cursor.execute("ROLLBACK")
+                    else:
+                        raw.rollback()
+                    raise
+            finally:
+                cursor.close()
+        except self.dbapi.IntegrityError as e:
+            raise IntegrityError(self.sql, None, e) from e
+        except self.dbapi.Error as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise StoreError(f"database error while {what}: {type(e).__name__}: {first}") from e
+        finally:
+            raw.close()  # back to the pool
+
+
 class SQLStore(Store):
-    """Store on a SQLAlchemy engine. Writes go through Core (no ORM objects on the hot path)."""
+    """Store on a SQLAlchemy engine. Writes go through Core (no ORM objects on the hot path);
+    records go through the DB-API directly (see _RecordInsert)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
-        self._insert_records = insert(tables.records)
+        self._insert_records = _RecordInsert(engine)
 
     def __repr__(self) -> str:
         return f"SQLStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -306,9 +377,8 @@ class SQLStore(Store):
             f"adding record '{records[0].id}'" if len(rows) == 1 else f"adding {len(rows)} records"
         )
         try:
-            with self._tx(what, write=True) as conn:
-                # executemany: one statement, one transaction, one fsync for the whole batch.
-                conn.execute(self._insert_records, rows)
+            # executemany: one statement, one transaction, one fsync for the whole batch.
+            self._insert_records(rows, what)
         except IntegrityError as e:
             raise self._explain_record_clash(records, e) from e
 
