@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,7 +77,7 @@ def _sqlite_engine(url: URL, *, pool_size: int, max_overflow: int, busy_timeout_
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(cursor, busy_timeout_ms)
         # FULL: the WAL is fsynced at every commit, so an acknowledged record survives power
         # loss, not only a crash of the process.
         cursor.execute("PRAGMA synchronous = FULL")
@@ -91,6 +93,22 @@ def _sqlite_engine(url: URL, *, pool_size: int, max_overflow: int, busy_timeout_
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _enable_wal(cursor: Any, busy_timeout_ms: int) -> None:
+    """Switch to WAL (persistent, so a no-op once done). On a fresh file the switch needs the
+    database to itself, and SQLite answers "database is locked" at once, without its busy
+    handler, while another connection holds it: several processes or threads opening a new
+    state dir together retry here until the first switch has happened."""
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _postgres_engine(
@@ -412,30 +430,38 @@ class SQLStore(Store):
             return Conflict(f"record id '{min(existing)}' already exists")
         return StoreError(f"adding records failed: {_describe(e)}")
 
-    def get_record(self, scenario: str, record_id: str) -> Record:
-        t = tables.records
-        with self._tx(f"reading record '{record_id}'") as conn:
+    def _one(self, table: Any, scenario: str, item_id: str, noun: str) -> Row[Any]:
+        """The row of `table` with this id in this scenario; NotFound names which is missing."""
+        with self._tx(f"reading {noun} '{item_id}'") as conn:
             row = conn.execute(
-                select(t).where(t.c.scenario == scenario, t.c.id == record_id)
+                select(table).where(table.c.scenario == scenario, table.c.id == item_id)
             ).first()
             if row is None:
                 self._require_scenario(conn, scenario)
-                raise NotFound(f"record '{record_id}' not found in scenario '{scenario}'")
-        return _record(row)
+                raise NotFound(f"{noun} '{item_id}' not found in scenario '{scenario}'")
+        return row
+
+    def _page(
+        self, table: Any, scenario: str, after: str | None, limit: int, noun: str
+    ) -> list[Row[Any]]:
+        """Rows of `table` in this scenario with id > `after`, oldest first."""
+        query = select(table).where(table.c.scenario == scenario)
+        if after is not None:
+            query = query.where(table.c.id > after)
+        query = query.order_by(table.c.id).limit(max(limit, 0))
+        with self._tx(f"listing {noun}s of scenario '{scenario}'") as conn:
+            rows = list(conn.execute(query).all())
+            if not rows:
+                self._require_scenario(conn, scenario)
+        return rows
+
+    def get_record(self, scenario: str, record_id: str) -> Record:
+        return _record(self._one(tables.records, scenario, record_id, "record"))
 
     def list_records(
         self, scenario: str, after: str | None = None, limit: int = 100
     ) -> list[Record]:
-        t = tables.records
-        query = select(t).where(t.c.scenario == scenario)
-        if after is not None:
-            query = query.where(t.c.id > after)
-        query = query.order_by(t.c.id).limit(max(limit, 0))
-        with self._tx(f"listing records of scenario '{scenario}'") as conn:
-            rows = conn.execute(query).all()
-            if not rows:
-                self._require_scenario(conn, scenario)
-        return [_record(r) for r in rows]
+        return [_record(r) for r in self._page(tables.records, scenario, after, limit, "record")]
 
     def existing_record_ids(self, scenario: str, ids: Iterable[str]) -> set[str]:
         t = tables.records
@@ -472,29 +498,12 @@ class SQLStore(Store):
         raise Conflict(f"report_id {report.id} already exists with different content")
 
     def get_report(self, scenario: str, report_id: str) -> Report:
-        t = tables.reports
-        with self._tx(f"reading report '{report_id}'") as conn:
-            row = conn.execute(
-                select(t).where(t.c.scenario == scenario, t.c.id == report_id)
-            ).first()
-            if row is None:
-                self._require_scenario(conn, scenario)
-                raise NotFound(f"report '{report_id}' not found in scenario '{scenario}'")
-        return _report(row)
+        return _report(self._one(tables.reports, scenario, report_id, "report"))
 
     def list_reports(
         self, scenario: str, after: str | None = None, limit: int = 100
     ) -> list[Report]:
-        t = tables.reports
-        query = select(t).where(t.c.scenario == scenario)
-        if after is not None:
-            query = query.where(t.c.id > after)
-        query = query.order_by(t.c.id).limit(max(limit, 0))
-        with self._tx(f"listing reports of scenario '{scenario}'") as conn:
-            rows = conn.execute(query).all()
-            if not rows:
-                self._require_scenario(conn, scenario)
-        return [_report(r) for r in rows]
+        return [_report(r) for r in self._page(tables.reports, scenario, after, limit, "report")]
 
     # releases -------------------------------------------------------------------
     def get_release(self, scenario: str, release_id: str) -> Release:
