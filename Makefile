@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv run test test-slow test-all lint fmt typecheck bench smollm2 clean
+.PHONY: venv run test test-slow test-all lint fmt bench bench-embedded smollm2 clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -65,7 +65,11 @@ fmt: venv
 	$(BIN)/ruff check --fix .
 
 bench: venv
+	@command -v wrk >/dev/null || { echo "bench needs wrk: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python bench/upstream_overhead.py
+
+bench-embedded: venv smollm2
+	$(BIN)/python bench/embedded_batching.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

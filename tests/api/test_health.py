@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import httpx
 
 from tests.reefserver import ReefServer
@@ -60,3 +63,16 @@ def test_openapi_spec_documents_the_routes(server: ReefServer) -> None:
     assert body["schema"]["$ref"] == "#/components/schemas/ChatCompletionRequest"
     assert "messages" in spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert "references" in spec["components"]["schemas"]["ReportIn"]["properties"]
+
+
+def test_committed_openapi_copy_is_current(tmp_path: Path) -> None:
+    """docs/openapi.json is what `reef openapi` prints; regenerate it with
+    `.venv/bin/reef openapi -o docs/openapi.json` after changing a route."""
+    from api.cli import main
+
+    assert main(["openapi", "-o", str(tmp_path / "spec.json")]) == 0
+    fresh = json.loads((tmp_path / "spec.json").read_text())
+    committed = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text()
+    )
+    assert fresh == committed
