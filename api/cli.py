@@ -23,14 +23,7 @@ def build_engine(settings: Settings) -> Engine:
     if cfg.kind == "upstream":
         from reef.engines.upstream import UpstreamEngine
 
-        assert cfg.upstream_url is not None  # load_settings checked
-        return UpstreamEngine(
-            cfg.upstream_url,
-            model=cfg.upstream_model,
-            api_key=cfg.upstream_api_key.get_secret_value() if cfg.upstream_api_key else None,
-            timeout_s=cfg.upstream_timeout_s,
-            capture_tokens=cfg.upstream_capture_tokens,
-        )
+        return UpstreamEngine.from_settings(cfg)
     from reef.engines.embedded import EmbeddedEngine
     from reef.models import resolve_model
 

@@ -36,6 +36,11 @@ class ServerSettings(_Section):
     max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    @field_validator("state_dir")
+    @classmethod
+    def _expand_state_dir(cls, v: Path) -> Path:
+        return v.expanduser()
+
     @property
     def is_loopback(self) -> bool:
         if self.host == "localhost":
@@ -64,6 +69,11 @@ class EngineSettings(_Section):
         False,
         description="ask the upstream for token ids and log-probs (vLLM's return_token_ids, logprobs)",
     )
+
+    @field_validator("model_cache")
+    @classmethod
+    def _expand_cache(cls, v: Path) -> Path:
+        return v.expanduser()
 
     @field_validator("upstream_url")
     @classmethod

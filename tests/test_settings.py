@@ -102,3 +102,11 @@ def test_cli_reports_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture
 
     assert main(["serve", "-c", str(_yaml(tmp_path, "reef:\n  bogus: 1\n"))]) == 2
     assert "unknown key 'reef.bogus'" in capsys.readouterr().err
+
+
+def test_home_is_expanded_in_paths(tmp_path: Path) -> None:
+    s = load_settings(
+        _yaml(tmp_path, "server:\n  state_dir: ~/reef-state\nengine:\n  model_cache: ~/m\n")
+    )
+    assert s.server.state_dir == Path.home() / "reef-state"
+    assert s.engine.model_cache == Path.home() / "m"
