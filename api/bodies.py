@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -10,6 +12,7 @@ from starlette.requests import Request
 
 from api.errors import from_validation
 from reef.errors import BadRequest, PayloadTooLarge
+from reef.wire import ID_PATTERN
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -47,17 +50,48 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
 
 
 _TAG_PREFIX = b"x-reef-tag-"
+_SESSION = b"x-reef-session-id"
+_IDEMPOTENCY = b"idempotency-key"
+_SESSION_ID = re.compile(ID_PATTERN)
+# Printable ASCII, as Stripe and the IETF draft use it.
+_IDEMPOTENCY_KEY = re.compile(r"^[\x20-\x7e]{1,255}$")
 
 
-def tags_of(request: Request) -> dict[str, str]:
-    """Request headers `x-reef-tag-<name>: <value>` as the record's tags.
+@dataclass(frozen=True)
+class CallHeaders:
+    """What an inference call's headers ask of Reef (beyond auth and scenario)."""
+
+    tags: dict[str, str]
+    session_id: str | None = None
+    idempotency_key: str | None = None
+
+
+def call_headers(request: Request) -> CallHeaders:
+    """`x-reef-tag-<name>: <value>` headers as the record's tags, `x-reef-session-id` and
+    `Idempotency-Key`, checked.
 
     Scans the raw ASGI header list (names arrive lower-cased) rather than building Starlette's
     Headers view: this runs on every inference call."""
     tags: dict[str, str] = {}
+    session_id: str | None = None
+    idempotency_key: str | None = None
     for key, value in request.scope["headers"]:
         if key.startswith(_TAG_PREFIX) and len(key) > len(_TAG_PREFIX):
             if len(tags) >= 32 or len(value) > 512:
                 raise BadRequest("at most 32 x-reef-tag-* headers of up to 512 characters each")
             tags[key[len(_TAG_PREFIX) :].decode("latin-1")] = value.decode("latin-1")
-    return tags
+        elif key == _SESSION:
+            session_id = value.decode("latin-1")
+            if not _SESSION_ID.fullmatch(session_id):
+                raise BadRequest(
+                    "invalid x-reef-session-id: use 1-128 letters, digits, '.', '_', ':' or '-'",
+                    code="invalid_session_id",
+                )
+        elif key == _IDEMPOTENCY:
+            idempotency_key = value.decode("latin-1")
+            if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+                raise BadRequest(
+                    "invalid Idempotency-Key: use 1-255 printable ASCII characters",
+                    code="invalid_idempotency_key",
+                )
+    return CallHeaders(tags, session_id, idempotency_key)

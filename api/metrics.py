@@ -40,7 +40,7 @@ class Metrics:
         self.latency = Histogram(
             "reef_http_request_seconds",
             "HTTP request latency (to the end of the body for streams)",
-            ["route", "method"],
+            ["route", "method", "status"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -50,6 +50,12 @@ class Metrics:
         self.records = Counter(
             "reef_records_written_total",
             "Records made durable",
+            ["scenario", "route"],
+            registry=self.registry,
+        )
+        self.idempotent_replays = Counter(
+            "reef_idempotent_replays_total",
+            "Requests answered with the stored record of their Idempotency-Key",
             ["scenario", "route"],
             registry=self.registry,
         )
@@ -104,4 +110,6 @@ class MetricsMiddleware:
             path = getattr(route, "path", None) or "unmatched"
             method = scope["method"]
             self.metrics.requests.labels(path, method, str(status)).inc()
-            self.metrics.latency.labels(path, method).observe(time.perf_counter() - start)
+            self.metrics.latency.labels(path, method, str(status)).observe(
+                time.perf_counter() - start
+            )

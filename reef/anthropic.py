@@ -172,6 +172,32 @@ def from_openai(response: dict[str, Any], model: str, msg_id: str) -> dict[str, 
     }
 
 
+_FINISH_REASONS = {v: k for k, v in _STOP_REASONS.items()}
+
+
+def assistant_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages response as the OpenAI assistant message `to_openai` makes of it
+    when a client sends it back in its next request."""
+    return _assistant(message.get("content") or [])
+
+
+def to_openai_response(message: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages response back as an OpenAI chat.completion (what `from_openai`
+    was given, up to ids and timestamps): replays a stored answer through StreamTranslator."""
+    usage = message.get("usage") or {}
+    finish = _FINISH_REASONS.get(message.get("stop_reason") or "end_turn", "stop")
+    return {
+        "id": message.get("id"),
+        "object": "chat.completion",
+        "model": message.get("model"),
+        "choices": [{"index": 0, "message": assistant_message(message), "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0),
+        },
+    }
+
+
 class StreamTranslator:
     """Turns OpenAI chat.completion.chunk dicts into Anthropic stream events, in order.
 

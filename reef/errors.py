@@ -61,6 +61,13 @@ class Conflict(ReefError):
     code = "conflict"
 
 
+class IdempotencyKeyReused(Conflict):
+    """An Idempotency-Key already names a record of the scenario (with another request
+    body, when it reaches a client)."""
+
+    code = "idempotency_key_reused"
+
+
 class PayloadTooLarge(ReefError):
     status = 413
     type = "invalid_request_error"

@@ -79,6 +79,28 @@ class Record:
     logprobs: list[float] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    # Sessions: the conversation this exchange belongs to, its 0-based turn in it, and the
+    # record whose request + answer this one's request extends (None for a first turn).
+    session_id: str | None = None
+    turn: int | None = None
+    parent_id: str | None = None
+    # Hash of the conversation after this exchange (request messages + answer, normalized by
+    # reef.sessions): a later request whose messages start with exactly that continues it.
+    state_hash: str | None = None
+    # Set by the Idempotency-Key header: a retry with the same key gets this record back.
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Consumption:
+    """A consumption receipt: `record_id` was trained on by `recipe` in `batch_id`, so late or
+    repeated feedback never trains it again for that recipe."""
+
+    scenario: str
+    recipe: str
+    record_id: str
+    batch_id: str
+    created_at: datetime
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from reef import anthropic
 from reef.engines.base import Completion, Engine
-from reef.errors import BadRequest, UnknownModel
+from reef.errors import BadRequest, IdempotencyKeyReused, UnknownModel
 from reef.records import Record, Scenario, new_id, utcnow
+from reef.sessions import candidate_hashes, record_state_hash
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
 
@@ -36,10 +39,32 @@ class Call:
     engine_body: dict[str, Any]  # OpenAI chat-completions form for the engine
     tags: dict[str, str]
     record_id: str
+    session_id: str | None = None
+    turn: int | None = None
+    parent_id: str | None = None
+    idempotency_key: str | None = None
+    # The parent this call continues in its session, held so that a concurrent continuation
+    # of the same parent in this process becomes a fork (see Serving._session).
+    claim: str | None = None
+    # A stored answer to this request (an Idempotency-Key retry): give it back, serve nothing.
+    replay: Record | None = None
 
     @property
     def release_id(self) -> str:
-        return self.scenario.head_release_id
+        return self.replay.release_id if self.replay else self.scenario.head_release_id
+
+
+@dataclass(frozen=True)
+class _Session:
+    session_id: str
+    turn: int
+    parent_id: str | None = None
+    claim: str | None = None
+
+
+# A claim on a parent left behind by a stream whose body never started (and whose cleanup
+# therefore never ran) stops counting after this long.
+_CLAIM_TTL_S = 600.0
 
 
 class Serving:
@@ -62,6 +87,11 @@ class Serving:
         # The head may move in another process (a flow publishing a release), hence the TTL.
         self._scenario_ttl_s = scenario_ttl_s
         self._scenarios: dict[str, tuple[Scenario, float]] = {}
+        # Session parents continued by calls in flight: parent id -> (record id, deadline).
+        self._claims: dict[str, tuple[str, float]] = {}
+        # Idempotency-Keys in flight: (scenario, key) -> (record id, its answer to come; None
+        # when that call failed).
+        self._keys: dict[tuple[str, str], tuple[str, asyncio.Future[Record | None]]] = {}
 
     async def scenario(self, name: str) -> Scenario:
         """The scenario, created with its base release on first use."""
@@ -94,19 +124,178 @@ class Serving:
                 param=param,
             )
 
-    def new_call(
+    async def new_call(
         self,
         scenario: Scenario,
         route: str,
         client_body: dict[str, Any],
         engine_body: dict[str, Any],
         tags: dict[str, str],
+        *,
+        session_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Call:
-        return Call(scenario, route, client_body, engine_body, tags, new_id("rec"))
+        """A call ready for `complete` or `open_stream`, placed in its session; or, for a
+        retried Idempotency-Key, a call whose `replay` is the stored record to answer with.
 
+        Raises IdempotencyKeyReused (409) when the key names a different request body.
+        """
+        record_id = new_id("rec")
+        if idempotency_key is not None:
+            stored = await self._take_key(scenario.name, idempotency_key, client_body, record_id)
+            if stored is not None:
+                return Call(
+                    scenario,
+                    route,
+                    client_body,
+                    engine_body,
+                    tags,
+                    stored.id,
+                    stored.session_id,
+                    stored.turn,
+                    stored.parent_id,
+                    idempotency_key,
+                    replay=stored,
+                )
+        try:
+            session = await self._session(
+                scenario.name, engine_body.get("messages") or [], session_id, record_id
+            )
+        except BaseException:
+            self._release_key(scenario.name, idempotency_key, record_id, None)
+            raise
+        return Call(
+            scenario,
+            route,
+            client_body,
+            engine_body,
+            tags,
+            record_id,
+            session.session_id,
+            session.turn,
+            session.parent_id,
+            idempotency_key,
+            session.claim,
+        )
+
+    # sessions -------------------------------------------------------------------
+    async def _session(
+        self, scenario: str, messages: list[dict[str, Any]], explicit: str | None, record_id: str
+    ) -> _Session:
+        """Which session the call joins, as which turn, after which parent.
+
+        An explicit session id wins: the call follows that session's highest turn. Otherwise
+        the call continues the record whose request + answer its messages extend (the
+        longest such), in that record's session, unless that record already has a
+        continuation: then the call is a fork, a new session whose first record names the
+        parent it branched from (turn = parent's turn + 1), so the tree can be rebuilt.
+
+        "Already has a continuation" is decided from the database plus the calls in flight
+        in this process (a claim on the parent, taken before the database is asked, so a
+        continuation committed in between is seen). Two replicas continuing one parent at
+        the same instant can both join its session: that race is accepted, the records
+        still name their parent. Concurrent calls with one explicit session id can likewise
+        get the same turn.
+        """
+        if explicit is not None:
+            tail = await asyncio.to_thread(self.store.session_tail, scenario, explicit)
+            if tail is None:
+                return _Session(explicit, 0)
+            return _Session(explicit, (tail.turn or 0) + 1, tail.id)
+        hashes = candidate_hashes(messages)
+        if not hashes:
+            return _Session(new_id("ses"), 0)
+        parent = await asyncio.to_thread(self.store.find_session_parent, scenario, hashes)
+        if parent is None:
+            return _Session(new_id("ses"), 0)
+        turn = (parent.turn or 0) + 1
+        if parent.session_id is not None and self._claim(parent.id, record_id):
+            try:
+                forked = await asyncio.to_thread(self.store.has_children, scenario, parent.id)
+            except BaseException:
+                self._unclaim(parent.id, record_id)
+                raise
+            if not forked:
+                return _Session(parent.session_id, turn, parent.id, claim=parent.id)
+            self._unclaim(parent.id, record_id)
+        return _Session(new_id("ses"), turn, parent.id)
+
+    def _claim(self, parent_id: str, record_id: str) -> bool:
+        now = time.monotonic()
+        held = self._claims.get(parent_id)
+        if held is not None and held[1] > now:
+            return False
+        self._claims[parent_id] = (record_id, now + _CLAIM_TTL_S)
+        return True
+
+    def _unclaim(self, parent_id: str, record_id: str) -> None:
+        held = self._claims.get(parent_id)
+        if held is not None and held[0] == record_id:
+            del self._claims[parent_id]
+
+    # idempotency ----------------------------------------------------------------
+    async def _take_key(
+        self, scenario: str, key: str, body: dict[str, Any], record_id: str
+    ) -> Record | None:
+        """The record stored (or being made in this process) under `key`, if any; else None,
+        and this call now holds the key until it ends (`_release_key`)."""
+        slot = (scenario, key)
+        while (held := self._keys.get(slot)) is not None:
+            # An identical request is in flight here: its answer is ours. If it failed, nothing
+            # was stored and this request tries itself (unless another waiter took over).
+            stored = await asyncio.shield(held[1])
+            if stored is not None:
+                return _same_request(stored, key, body)
+        future: asyncio.Future[Record | None] = asyncio.get_running_loop().create_future()
+        self._keys[slot] = (record_id, future)
+        try:
+            stored = await asyncio.to_thread(self.store.find_idempotent, scenario, key)
+        except BaseException:
+            self._release_key(scenario, key, record_id, None)
+            raise
+        if stored is None:
+            return None
+        self._release_key(scenario, key, record_id, stored)
+        return _same_request(stored, key, body)
+
+    def _release_key(
+        self, scenario: str, key: str | None, record_id: str, record: Record | None
+    ) -> None:
+        if key is None:
+            return
+        held = self._keys.get((scenario, key))
+        if held is None or held[0] != record_id:
+            return
+        del self._keys[(scenario, key)]
+        if not held[1].done():
+            held[1].set_result(record)
+
+    async def _stored_instead(self, call: Call, clash: IdempotencyKeyReused) -> Record:
+        """Another process stored a record under this call's key first (the unique index
+        refused ours): its record is the answer, when it was for the same body."""
+        assert call.idempotency_key is not None
+        stored = await asyncio.to_thread(
+            self.store.find_idempotent, call.scenario.name, call.idempotency_key
+        )
+        if stored is None:
+            raise clash
+        return _same_request(stored, call.idempotency_key, call.client_body)
+
+    def _end(self, call: Call, record: Record | None) -> None:
+        """The call is over (answered, failed or abandoned): release what it held."""
+        if call.claim is not None:
+            self._unclaim(call.claim, call.record_id)
+        self._release_key(call.scenario.name, call.idempotency_key, call.record_id, record)
+
+    # serving ----------------------------------------------------------------------
     def _record(self, call: Call, response: dict[str, Any], done: Completion, t0: float) -> Record:
         timings = dict(done.timings)
         timings["server_ms"] = (time.perf_counter() - t0) * 1000.0
+        # The conversation state a client continues: the answer as it will come back in its
+        # next request (for /v1/messages, the Anthropic answer as to_openai will translate it).
+        answer = (
+            anthropic.assistant_message(response) if call.route == "messages" else done.response
+        )
         return Record(
             id=call.record_id,
             scenario=call.scenario.name,
@@ -122,14 +311,33 @@ class Serving:
             logprobs=done.logprobs,
             timings=timings,
             tags=call.tags,
+            session_id=call.session_id,
+            turn=call.turn,
+            parent_id=call.parent_id,
+            state_hash=record_state_hash(call.engine_body.get("messages") or [], answer),
+            idempotency_key=call.idempotency_key,
         )
 
     async def complete(self, call: Call, render: Render = _identity) -> tuple[Record, Completion]:
-        """Serve without streaming; returns once the record is durable."""
+        """Serve without streaming; returns once the record is durable.
+
+        The record returned is normally the call's own. With an Idempotency-Key that another
+        process stored first (both ran the engine; the unique index kept one record), it is
+        that process's record: one record, one receipt, for every retry.
+        """
         t0 = time.perf_counter()
-        done = await self.engine.complete(call.engine_body)
-        record = self._record(call, render(done.response), done, t0)
-        await self.committer.add(record)
+        record: Record | None = None
+        try:
+            done = await self.engine.complete(call.engine_body)
+            record = self._record(call, render(done.response), done, t0)
+            try:
+                await self.committer.add(record)
+            except IdempotencyKeyReused as clash:
+                record = await self._stored_instead(call, clash)
+        except BaseException:
+            self._end(call, None)
+            raise
+        self._end(call, record)
         return record, done
 
     async def open_stream(
@@ -141,13 +349,21 @@ class Serving:
         record is durable; the route sends its final event only after that.
         """
         t0 = time.perf_counter()
-        source = aiter(self.engine.stream(call.engine_body))
         try:
-            first = await anext(source)
+            source = aiter(self.engine.stream(call.engine_body))
+            try:
+                first = await anext(source)
+            except BaseException:
+                await _close(source)
+                raise
         except BaseException:
-            await _close(source)
+            self._end(call, None)
             raise
-        return self._relay(call, source, first, render, t0)
+        relay = self._relay(call, source, first, render, t0)
+        # A body the server never starts iterating (the client left first) never runs the
+        # relay's `finally`: release the call's claims when the generator is dropped instead.
+        weakref.finalize(relay, self._end, call, None)
+        return relay
 
     async def _relay(
         self,
@@ -157,16 +373,37 @@ class Serving:
         render: Render,
         t0: float,
     ) -> AsyncIterator[dict[str, Any] | tuple[Record, Completion]]:
+        record: Record | None = None
         try:
             item = first
             while not isinstance(item, Completion):
                 yield item
                 item = await anext(source)
-            record = self._record(call, render(item.response), item, t0)
-            await self.committer.add(record)
+            made = self._record(call, render(item.response), item, t0)
+            try:
+                await self.committer.add(made)
+            except IdempotencyKeyReused as e:
+                # The stream (with this call's receipt in its headers) has been sent already:
+                # another process stored an answer under this key first. Say so; a retry
+                # replays that answer.
+                raise IdempotencyKeyReused(
+                    f"Idempotency-Key '{call.idempotency_key}' was stored by a concurrent "
+                    f"request first ({e.message}); retry to receive its answer"
+                ) from e
+            record = made
             yield record, item
         finally:
+            self._end(call, record)
             await _close(source)
+
+
+def _same_request(stored: Record, key: str, body: dict[str, Any]) -> Record:
+    if stored.request != body:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key '{key}' was already used for a different request "
+            f"(record '{stored.id}'); use a new key for a new request"
+        )
+    return stored
 
 
 async def _close(source: AsyncIterator[Any]) -> None:

@@ -145,6 +145,11 @@ class RecordOut(BaseModel):
     logprobs: list[float] | None
     timings: dict[str, float]
     tags: dict[str, str]
+    session_id: str | None = Field(None, description="the conversation this exchange belongs to")
+    turn: int | None = Field(None, description="0-based position in the session")
+    parent_id: str | None = Field(
+        None, description="the record whose request + answer this one's request continues"
+    )
 
 
 class RecordList(BaseModel):

@@ -11,10 +11,12 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from api.bodies import read_json, tags_of, validate
+from api.bodies import call_headers, read_json, validate
 from api.errors import error_body
 from api.services import caller, services
+from reef.engines.chunks import disassemble
 from reef.errors import ReefError
+from reef.records import Record
 from reef.wire import ChatCompletionRequest
 
 router = APIRouter(tags=["openai"])
@@ -22,6 +24,7 @@ log = logging.getLogger("reef.api")
 
 RECEIPT = "x-reef-agent-record-id"
 RELEASE = "x-reef-release-id"
+REPLAY = "x-reef-idempotent-replay"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -40,6 +43,31 @@ def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+def receipt_headers(record: Record, replay: bool) -> dict[str, str]:
+    headers = {RECEIPT: record.id, RELEASE: record.release_id}
+    if replay:
+        headers[REPLAY] = "true"
+    return headers
+
+
+def replay_stream(record: Record) -> StreamingResponse:
+    """A stored chat.completion answered again as the SSE stream it was (an idempotent retry
+    of a streaming request)."""
+    options = record.request.get("stream_options") or {}
+    chunks = disassemble(record.response, include_usage=bool(options.get("include_usage")))
+
+    async def events() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield sse(chunk)
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={**receipt_headers(record, True), **SSE_HEADERS},
+    )
+
+
 @router.post(
     "/v1/chat/completions",
     openapi_extra=_schema_ref(ChatCompletionRequest),
@@ -55,16 +83,38 @@ async def chat_completions(request: Request) -> Response:
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     serving.check_max_tokens(req.requested_max_tokens, param)
     scenario = await serving.scenario(scenario_name)
-    call = serving.new_call(
-        scenario, "chat.completions", body, {**body, "model": model}, tags_of(request)
+    asked = call_headers(request)
+    call = await serving.new_call(
+        scenario,
+        "chat.completions",
+        body,
+        {**body, "model": model},
+        asked.tags,
+        session_id=asked.session_id,
+        idempotency_key=asked.idempotency_key,
     )
+    if call.replay is not None:
+        svc.metrics.idempotent_replays.labels(scenario.name, call.route).inc()
+        if req.stream:
+            return replay_stream(call.replay)
+        return Response(
+            orjson.dumps(call.replay.response),
+            media_type="application/json",
+            headers=receipt_headers(call.replay, True),
+        )
     headers = {RECEIPT: call.record_id, RELEASE: call.release_id}
 
     if not req.stream:
         record, done = await serving.complete(call)
-        svc.metrics.record_written(scenario.name, call.route, done.response.get("usage"))
+        replayed = record.id != call.record_id  # another replica stored this key's answer
+        if replayed:
+            svc.metrics.idempotent_replays.labels(scenario.name, call.route).inc()
+        else:
+            svc.metrics.record_written(scenario.name, call.route, done.response.get("usage"))
         return Response(
-            orjson.dumps(record.response), media_type="application/json", headers=headers
+            orjson.dumps(record.response),
+            media_type="application/json",
+            headers=receipt_headers(record, replayed),
         )
 
     items = await serving.open_stream(call)

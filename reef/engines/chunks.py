@@ -126,3 +126,41 @@ def _merge_function(acc: dict[str, Any], delta: dict[str, Any]) -> None:
     elif "name" not in acc:
         acc["name"] = current
     acc["arguments"] = acc.get("arguments", "") + (delta.get("arguments") or "")
+
+
+def disassemble(response: dict[str, Any], *, include_usage: bool = False) -> list[dict[str, Any]]:
+    """The inverse of `assemble`: a `chat.completion` as the chunks a stream of it would send
+    (per choice: the role, the content, the tool calls, the finish reason; then the usage
+    chunk when asked for). Replays a stored answer to a retried streaming request."""
+    head = {
+        "id": response.get("id"),
+        "object": "chat.completion.chunk",
+        "created": response.get("created"),
+        "model": response.get("model"),
+    }
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**head, "choices": [choice]}
+
+    chunks: list[dict[str, Any]] = []
+    for choice in response.get("choices") or ():
+        index = choice.get("index", 0)
+        message = choice.get("message") or {}
+        chunks.append(chunk(index, {"role": message.get("role") or "assistant", "content": ""}))
+        if message.get("content"):
+            chunks.append(chunk(index, {"content": message["content"]}))
+        calls = message.get("tool_calls") or []
+        for i, call in enumerate(calls):
+            fn = call.get("function") or {}
+            delta_call = {
+                "index": i,
+                "id": call.get("id"),
+                "type": call.get("type") or "function",
+                "function": {"name": fn.get("name"), "arguments": fn.get("arguments") or ""},
+            }
+            chunks.append(chunk(index, {"tool_calls": [delta_call]}))
+        chunks.append(chunk(index, {}, choice.get("finish_reason") or "stop"))
+    if include_usage and response.get("usage") is not None:
+        chunks.append({**head, "choices": [], "usage": response["usage"]})
+    return chunks

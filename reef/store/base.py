@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 
-from reef.records import Record, Release, Report, Scenario
+from reef.records import Consumption, Record, Release, Report, Scenario
 
 
 class Store(ABC):
@@ -64,6 +64,34 @@ class Store(ABC):
     @abstractmethod
     def existing_record_ids(self, scenario: str, ids: Iterable[str]) -> set[str]:
         """Which of `ids` are records of `scenario`."""
+
+    @abstractmethod
+    def find_idempotent(self, scenario: str, key: str) -> Record | None:
+        """The record stored under this Idempotency-Key in the scenario, if any."""
+
+    @abstractmethod
+    def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
+        """Of the records whose conversation state (request messages + answer, hashed by
+        reef.sessions) is one of `state_hashes`, the one with the longest conversation; ties go
+        to the oldest record. `state_hashes` come longest conversation first, as
+        reef.sessions.candidate_hashes returns them: the first hash that matches wins."""
+
+    @abstractmethod
+    def session_tail(self, scenario: str, session_id: str) -> Record | None:
+        """The record with the highest turn in the session, if the session exists."""
+
+    @abstractmethod
+    def has_children(self, scenario: str, record_id: str) -> bool:
+        """Whether any record names `record_id` as its parent (a later one is then a fork)."""
+
+    # consumption receipts ------------------------------------------------------
+    @abstractmethod
+    def add_consumptions(self, consumptions: Sequence[Consumption]) -> None:
+        """Record that a training batch consumed these records (idempotent per
+        (scenario, recipe, record_id): the first receipt wins)."""
+
+    @abstractmethod
+    def consumed_record_ids(self, scenario: str, recipe: str) -> set[str]: ...
 
     # reports -------------------------------------------------------------------
     @abstractmethod

@@ -12,7 +12,20 @@ from typing import Any
 import orjson
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Row, create_engine, delete, event, insert, select, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    case,
+    create_engine,
+    delete,
+    event,
+    exists,
+    insert,
+    select,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -22,8 +35,16 @@ from sqlalchemy.exc import (
     StatementError,
 )
 
-from reef.errors import BadRequest, ConfigError, Conflict, NotFound, ReefError, StoreError
-from reef.records import Record, Release, Report, Scenario, new_id, utcnow
+from reef.errors import (
+    BadRequest,
+    ConfigError,
+    Conflict,
+    IdempotencyKeyReused,
+    NotFound,
+    ReefError,
+    StoreError,
+)
+from reef.records import Consumption, Record, Release, Report, Scenario, new_id, utcnow
 from reef.store import tables
 from reef.store.base import Store
 
@@ -380,7 +401,12 @@ class SQLStore(Store):
                 self._require_scenario(conn, name)
                 # Explicit rather than trusting ON DELETE CASCADE alone: the result must not
                 # depend on a connection having foreign keys switched on.
-                for table in (tables.records, tables.reports, tables.releases):
+                for table in (
+                    tables.consumptions,
+                    tables.records,
+                    tables.reports,
+                    tables.releases,
+                ):
                     conn.execute(delete(table).where(table.c.scenario == name))
                 conn.execute(delete(tables.scenarios).where(tables.scenarios.c.name == name))
         except IntegrityError as e:
@@ -426,8 +452,20 @@ class SQLStore(Store):
                 existing += conn.scalars(
                     select(tables.records.c.id).where(tables.records.c.id.in_(chunk))
                 )
-        if existing:
-            return Conflict(f"record id '{min(existing)}' already exists")
+            if existing:
+                return Conflict(f"record id '{min(existing)}' already exists")
+            keyed = [(r.scenario, r.idempotency_key) for r in records if r.idempotency_key]
+            if len(set(keyed)) < len(keyed):
+                return IdempotencyKeyReused("an Idempotency-Key appears twice in one batch")
+            t = tables.records
+            for scenario, key in keyed:
+                taken = conn.execute(
+                    select(t.c.id).where(t.c.scenario == scenario, t.c.idempotency_key == key)
+                ).first()
+                if taken is not None:
+                    return IdempotencyKeyReused(
+                        f"Idempotency-Key '{key}' is already used by record '{taken.id}'"
+                    )
         return StoreError(f"adding records failed: {_describe(e)}")
 
     def _one(self, table: Any, scenario: str, item_id: str, noun: str) -> Row[Any]:
@@ -476,6 +514,80 @@ class SQLStore(Store):
             if not found:
                 self._require_scenario(conn, scenario)
         return found
+
+    def _first_record(self, query: Any, what: str) -> Record | None:
+        with self._tx(what) as conn:
+            row = conn.execute(query.limit(1)).first()
+        return None if row is None else _record(row)
+
+    def find_idempotent(self, scenario: str, key: str) -> Record | None:
+        t = tables.records
+        query = select(t).where(t.c.scenario == scenario, t.c.idempotency_key == key)
+        return self._first_record(query, f"looking up an Idempotency-Key in '{scenario}'")
+
+    def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
+        hashes = list(dict.fromkeys(state_hashes))[:_IN_CHUNK]
+        if not hashes:
+            return None
+        t = tables.records
+        # The caller lists the hashes longest conversation first: rank by that position.
+        rank = case({h: i for i, h in enumerate(hashes)}, value=t.c.state_hash)
+        query = (
+            select(t)
+            .where(t.c.scenario == scenario, t.c.state_hash.in_(hashes))
+            .order_by(rank, t.c.created_at, t.c.id)
+        )
+        return self._first_record(query, f"looking up a session parent in '{scenario}'")
+
+    def session_tail(self, scenario: str, session_id: str) -> Record | None:
+        t = tables.records
+        query = (
+            select(t)
+            .where(t.c.scenario == scenario, t.c.session_id == session_id)
+            .order_by(t.c.turn.desc(), t.c.id.desc())
+        )
+        return self._first_record(query, f"reading session '{session_id}'")
+
+    def has_children(self, scenario: str, record_id: str) -> bool:
+        t = tables.records
+        query = select(exists().where(t.c.parent_id == record_id, t.c.scenario == scenario))
+        with self._tx(f"looking up children of record '{record_id}'") as conn:
+            return bool(conn.execute(query).scalar())
+
+    # consumption receipts -------------------------------------------------------
+    def add_consumptions(self, consumptions: Sequence[Consumption]) -> None:
+        if not consumptions:
+            return
+        rows = [
+            {
+                "scenario": c.scenario,
+                "recipe": c.recipe,
+                "record_id": c.record_id,
+                "batch_id": c.batch_id,
+                "created_at": c.created_at,
+            }
+            for c in consumptions
+        ]
+        # A receipt already stored stays as it is (the first batch that consumed it wins).
+        dialect_insert = sqlite.insert if self._sqlite else postgresql.insert
+        stmt = dialect_insert(tables.consumptions).on_conflict_do_nothing(
+            index_elements=["scenario", "recipe", "record_id"]
+        )
+        what = f"adding {len(rows)} consumption receipts"
+        try:
+            with self._tx(what, write=True) as conn:
+                for i in range(0, len(rows), _IN_CHUNK):
+                    conn.execute(stmt, rows[i : i + _IN_CHUNK])
+        except IntegrityError as e:
+            for name in sorted({c.scenario for c in consumptions}):
+                self.get_scenario(name)  # NotFound names the missing one
+            raise StoreError(f"{what} failed: {_describe(e)}") from e
+
+    def consumed_record_ids(self, scenario: str, recipe: str) -> set[str]:
+        t = tables.consumptions
+        query = select(t.c.record_id).where(t.c.scenario == scenario, t.c.recipe == recipe)
+        with self._tx(f"reading consumption receipts of '{scenario}'") as conn:
+            return set(conn.scalars(query))
 
     # reports --------------------------------------------------------------------
     def add_report(self, report: Report) -> tuple[Report, bool]:
@@ -545,6 +657,11 @@ def _record_row(r: Record) -> dict[str, Any]:
         "logprobs": r.logprobs,
         "timings": r.timings,
         "tags": r.tags,
+        "session_id": r.session_id,
+        "turn": r.turn,
+        "parent_id": r.parent_id,
+        "state_hash": r.state_hash,
+        "idempotency_key": r.idempotency_key,
     }
 
 
@@ -565,6 +682,11 @@ def _record(row: Row[Any]) -> Record:
         logprobs=m["logprobs"],
         timings=m["timings"],
         tags=m["tags"],
+        session_id=m["session_id"],
+        turn=m["turn"],
+        parent_id=m["parent_id"],
+        state_hash=m["state_hash"],
+        idempotency_key=m["idempotency_key"],
     )
 
 

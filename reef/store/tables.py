@@ -13,11 +13,13 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Index,
+    Integer,
     String,
     Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
@@ -120,7 +122,29 @@ class RecordRow(SQLModel, table=True):
     # (scenario, id) serves both scenario lookups and `after=` pagination; a separate index on
     # scenario alone would only slow the hot insert path. release_id has no foreign key for
     # the same reason: releases are append-only and leave only together with their records.
-    __table_args__ = (Index("ix_records_scenario_id", "scenario", "id"),)
+    __table_args__ = (
+        Index("ix_records_scenario_id", "scenario", "id"),
+        # Session stitching: a session's tail, a state's record, a record's children.
+        Index("ix_records_scenario_session", "scenario", "session_id", "turn"),
+        Index("ix_records_scenario_state_hash", "scenario", "state_hash"),
+        # Partial: first turns (most records) have no parent and cost this index nothing.
+        Index(
+            "ix_records_parent_id",
+            "parent_id",
+            sqlite_where=text("parent_id IS NOT NULL"),
+            postgresql_where=text("parent_id IS NOT NULL"),
+        ),
+        # One record per Idempotency-Key in a scenario. Partial: most records have no key, and
+        # NULLs never collide anyway (on SQLite and Postgres alike).
+        Index(
+            "uq_records_scenario_idempotency_key",
+            "scenario",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+    )
 
     id: str = Field(sa_column=Column("id", Key, primary_key=True))
     scenario: str = _scenario_fk("fk_records_scenario")
@@ -144,6 +168,34 @@ class RecordRow(SQLModel, table=True):
     tags: dict[str, str] = Field(
         default_factory=dict, sa_column=Column("tags", Json, nullable=False)
     )
+    # No foreign key on parent_id, as for release_id: it would cost the hot insert a lookup,
+    # and a parent leaves only with its whole scenario.
+    session_id: str | None = Field(default=None, sa_column=Column("session_id", Key))
+    turn: int | None = Field(default=None, sa_column=Column("turn", Integer))
+    parent_id: str | None = Field(default=None, sa_column=Column("parent_id", Key))
+    state_hash: str | None = Field(default=None, sa_column=Column("state_hash", String(64)))
+    idempotency_key: str | None = Field(
+        default=None, sa_column=Column("idempotency_key", String(255))
+    )
+
+
+class ConsumptionRow(SQLModel, table=True):
+    """A consumption receipt: the first (scenario, recipe, record) receipt wins."""
+
+    __tablename__ = "consumptions"
+
+    scenario: str = Field(
+        sa_column=Column(
+            "scenario",
+            String,
+            ForeignKey("scenarios.name", ondelete="CASCADE", name="fk_consumptions_scenario"),
+            primary_key=True,
+        )
+    )
+    recipe: str = Field(sa_column=Column("recipe", String, primary_key=True))
+    record_id: str = Field(sa_column=Column("record_id", Key, primary_key=True))
+    batch_id: str = Field(sa_column=Column("batch_id", String, nullable=False))
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
 
 
 class ReportRow(SQLModel, table=True):
@@ -169,3 +221,4 @@ scenarios: Table = SQLModel.metadata.tables["scenarios"]
 releases: Table = SQLModel.metadata.tables["releases"]
 records: Table = SQLModel.metadata.tables["records"]
 reports: Table = SQLModel.metadata.tables["reports"]
+consumptions: Table = SQLModel.metadata.tables["consumptions"]

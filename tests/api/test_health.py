@@ -42,7 +42,7 @@ def test_metrics_count_requests_tokens_records_and_errors(
     )
     assert 'reef_errors_total{code="model_not_found",type="not_found_error"}' in text
     assert (
-        'reef_http_request_seconds_bucket{le="0.5",method="POST",route="/v1/chat/completions"}'
+        'reef_http_request_seconds_bucket{le="0.5",method="POST",route="/v1/chat/completions",status="200"}'
         in text
     )
 

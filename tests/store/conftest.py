@@ -26,7 +26,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(plain, autocommit=True) as conn:
         conn.execute(
-            "DROP TABLE IF EXISTS records, reports, releases, scenarios, alembic_version CASCADE"
+            "DROP TABLE IF EXISTS consumptions, records, reports, releases, scenarios, "
+            "alembic_version CASCADE"
         )
 
 

@@ -18,8 +18,21 @@ from reef.store.sql import SQLStore, open_store
 
 def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
     names = set(inspect(store.engine).get_table_names())
-    assert names == {"alembic_version", "scenarios", "releases", "records", "reports"}
-    for table in (tables.scenarios, tables.releases, tables.records, tables.reports):
+    assert names == {
+        "alembic_version",
+        "scenarios",
+        "releases",
+        "records",
+        "reports",
+        "consumptions",
+    }
+    for table in (
+        tables.scenarios,
+        tables.releases,
+        tables.records,
+        tables.reports,
+        tables.consumptions,
+    ):
         columns = {c["name"] for c in inspect(store.engine).get_columns(table.name)}
         assert columns == set(table.columns.keys()), table.name
 
