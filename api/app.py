@@ -16,7 +16,8 @@ import reef
 from api import errors
 from api.auth import Authenticator
 from api.metrics import Metrics, MetricsMiddleware
-from api.routes import anthropic, health, openai
+from api.readiness_metrics import ReadinessCollector
+from api.routes import anthropic, experience, health, openai
 from api.routes import reef as reef_routes
 from api.services import Services
 from reef.engines.base import Engine
@@ -82,11 +83,15 @@ def create_app(settings: Settings, engine: Engine, store: Store | None = None) -
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.services = svc
+    metrics.registry.register(
+        ReadinessCollector(store, settings.reef, lambda: experience.artifacts_of(settings))
+    )
     errors.install(app)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(reef_routes.router)
+    app.include_router(experience.router)
     app.include_router(health.router)
 
     def openapi() -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The `reef` command: `reef serve` starts the API with its engine; `reef token` makes a token."""
+"""The `reef` command: `reef serve` starts the API with its engine; `reef token` makes a token;
+`reef export` writes a scenario's experience to a file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reef.engines.base import Engine
-from reef.errors import ConfigError
+from reef.errors import ConfigError, ReefError
 from reef.settings import Settings, load_settings
 
 log = logging.getLogger("reef")
@@ -123,6 +124,22 @@ def openapi(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    from reef.export import export as write
+    from reef.export import format_for
+    from reef.store.sql import open_store
+
+    settings = load_settings(args.config, **_overrides(args))
+    fmt = format_for(args.output, args.format)
+    store = open_store(settings.database_url)
+    try:
+        n = write(store, args.scenario, args.output, fmt, progress=not args.quiet)
+    finally:
+        store.close()
+    print(f"reef: exported {n} records of '{args.scenario}' to {args.output} ({fmt})")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reef", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -148,6 +165,16 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--scenario", action="append", help="a scenario it may use (repeatable)")
     t.set_defaults(func=token)
 
+    e = sub.add_parser("export", help="export a scenario's sessions, feedback and release ids")
+    e.add_argument("--scenario", required=True)
+    e.add_argument("--output", required=True, type=Path, help=".jsonl, .parquet, or a directory")
+    e.add_argument("--format", choices=["jsonl", "parquet", "hf"], help="default: by extension")
+    e.add_argument("-c", "--config", type=Path, help="YAML settings file")
+    e.add_argument("--state-dir", type=Path, help="where the SQLite DB is (default ./.reef)")
+    e.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=export)
+
     o = sub.add_parser("openapi", help="print the HTTP API's OpenAPI spec")
     o.add_argument("-o", "--output", help="write to this file instead of stdout")
     o.set_defaults(func=openapi)
@@ -161,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"reef: {e.message}", file=sys.stderr)
         return 2
+    except ReefError as e:
+        print(f"reef: {e.message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -95,6 +95,16 @@ class StoreSettings(_Section):
     commit_max_batch: int = Field(512, ge=1)
 
 
+class ArtifactSettings(_Section):
+    url: str | None = Field(
+        None, description="directory or s3://bucket/prefix; default: state_dir/artifacts"
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="S3-compatible server (MinIO, ...); default: AWS"
+    )
+    s3_region: str | None = Field(None, description="S3 region; default: boto3's chain")
+
+
 class TokenSettings(_Section):
     name: str
     sha256: str = Field(description="hex sha256 of the token; `reef token` makes one")
@@ -140,6 +150,11 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     auth: AuthSettings = AuthSettings()
     reef: LoopSettings = LoopSettings()
+    artifacts: ArtifactSettings = ArtifactSettings()
+
+    @property
+    def artifacts_url(self) -> str:
+        return self.artifacts.url or str(self.server.state_dir / "artifacts")
 
     @property
     def database_url(self) -> str:

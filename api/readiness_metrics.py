@@ -1,0 +1,97 @@
+"""Experience readiness in /metrics: a Prometheus collector over every scenario's readiness."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from reef.artifacts import ArtifactStore
+from reef.experience import Readiness, readiness
+from reef.settings import LoopSettings
+from reef.store.base import Store
+
+log = logging.getLogger("reef.api")
+
+
+class ReadinessCollector(Collector):
+    """Readiness per scenario as gauges. Computing it reads every record of a scenario, so a
+    scrape never waits for it (the event loop renders /metrics): a scrape serves the last
+    computed numbers and, when they are older than `interval_s`, starts one background
+    refresh. The first scrape after start therefore shows nothing yet."""
+
+    def __init__(
+        self,
+        store: Store,
+        loop: LoopSettings,
+        artifacts: Callable[[], ArtifactStore],
+        interval_s: float = 15.0,
+    ):
+        self.store = store
+        self.loop = loop
+        self.artifacts = artifacts
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._refreshing = False
+        self._at = float("-inf")
+        self._values: list[Readiness] = []
+
+    def refresh(self) -> None:
+        """Recompute now (in the calling thread)."""
+        try:
+            artifacts = self.artifacts()
+            values = [
+                readiness(self.store, s.name, self.loop, artifacts=artifacts)
+                for s in self.store.list_scenarios()
+            ]
+        except Exception:
+            log.exception("computing experience readiness for /metrics failed")
+            values = self._values
+        with self._lock:
+            self._values, self._at, self._refreshing = values, time.monotonic(), False
+
+    def _maybe_refresh(self) -> None:
+        with self._lock:
+            if self._refreshing or time.monotonic() - self._at < self.interval_s:
+                return
+            self._refreshing = True
+        threading.Thread(target=self.refresh, name="reef-readiness", daemon=True).start()
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # computed lazily: nothing to describe at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self._maybe_refresh()
+        with self._lock:
+            values = list(self._values)
+        labels = ["scenario", "kind"]
+        eligible = GaugeMetricFamily(
+            "reef_experience_eligible", "Samples waiting for the next batch", labels=labels
+        )
+        batch = GaugeMetricFamily(
+            "reef_experience_batch_size", "Samples a batch needs (reef.batch_size)", labels=labels
+        )
+        ready = GaugeMetricFamily(
+            "reef_experience_ready", "1 when eligible >= batch size", labels=labels
+        )
+        awaiting = GaugeMetricFamily(
+            "reef_experience_awaiting_feedback", "Records no report quotes yet", labels=labels
+        )
+        dropped = GaugeMetricFamily(
+            "reef_experience_dropped",
+            "Samples left out of the experience, by reason",
+            labels=[*labels, "reason"],
+        )
+        for r in values:
+            key = [r.scenario, r.kind]
+            eligible.add_metric(key, r.eligible)
+            batch.add_metric(key, r.batch_size)
+            ready.add_metric(key, 1.0 if r.ready else 0.0)
+            awaiting.add_metric(key, r.awaiting_feedback)
+            for reason, n in sorted(r.dropped.items()):
+                dropped.add_metric([*key, reason], n)
+        yield from (eligible, batch, ready, awaiting, dropped)

@@ -1,0 +1,75 @@
+"""Experience routes: whether a scenario has a training batch waiting (read-only)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from api.services import caller
+from reef.artifacts import ArtifactStore, open_artifacts
+from reef.experience import KINDS, readiness
+from reef.settings import Settings
+
+router = APIRouter(prefix="/reef", tags=["reef"])
+
+
+class StatusOut(BaseModel):
+    object: str = "scenario.status"
+    scenario: str
+    recipe: str = Field(description="the loop's recipe (reef.recipe)")
+    kind: str = Field(description="the experience kind counted: " + ", ".join(KINDS))
+    eligible: int = Field(description="samples that would go into the next batch")
+    batch_size: int = Field(description="reef.batch_size")
+    ready: bool = Field(description="eligible >= batch_size")
+    dropped: dict[str, int] = Field(description="samples left out, by reason")
+    awaiting_feedback: int = Field(description="records no report quotes yet")
+    last_materialization: dict[str, Any] | None = Field(
+        description="the scenario's latest dataset snapshot (uri, content_hash, kind, rows, created_at)"
+    )
+
+
+def artifacts_of(settings: Settings) -> ArtifactStore:
+    return open_artifacts(
+        settings.artifacts_url,
+        endpoint_url=settings.artifacts.s3_endpoint_url,
+        region=settings.artifacts.s3_region,
+    )
+
+
+def _artifacts(request: Request) -> ArtifactStore:
+    state = request.app.state
+    if getattr(state, "artifacts", None) is None:
+        state.artifacts = artifacts_of(state.services.settings)
+    store: ArtifactStore = state.artifacts
+    return store
+
+
+@router.get(
+    "/scenarios/{scenario}/status",
+    response_model=StatusOut,
+    summary="Experience readiness: eligible samples vs batch size, drops by reason (no side effects)",
+)
+async def scenario_status(
+    request: Request,
+    scenario: str,
+    kind: str | None = Query(None, description="experience kind; default: the recipe's"),
+) -> StatusOut:
+    svc, _, name = caller(request, scenario)
+    loop = svc.settings.reef
+    r = await asyncio.to_thread(
+        readiness, svc.store, name, loop, kind, artifacts=_artifacts(request)
+    )
+    return StatusOut(
+        scenario=name,
+        recipe=loop.recipe,
+        kind=r.kind,
+        eligible=r.eligible,
+        batch_size=r.batch_size,
+        ready=r.ready,
+        dropped=dict(sorted(r.dropped.items())),
+        awaiting_feedback=r.awaiting_feedback,
+        last_materialization=r.last_materialization,
+    )

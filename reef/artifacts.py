@@ -1,0 +1,159 @@
+"""The artifact store: datasets, adapters and checkpoints by key, in a local directory or S3."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from reef.errors import ConfigError, NotFound, StoreError
+
+
+class ArtifactStore(ABC):
+    """Immutable-ish blobs under '/'-separated keys ("datasets/<scenario>/<kind>/<hash>.parquet")."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> str:
+        """Write `data` under `key` (whole or not at all); returns its uri."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """The bytes under `key`; NotFound when there are none."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def uri(self, key: str) -> str:
+        """Where `key` lives, as a file:// or s3:// uri."""
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid artifact key '{key}'")
+    return key
+
+
+class LocalArtifacts(ArtifactStore):
+    """A directory. Writes go to a temporary file renamed into place, so a reader never sees
+    half a file and a crash leaves no partial artifact behind."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+
+    def __repr__(self) -> str:
+        return f"LocalArtifacts({str(self.root)!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return self.uri(key)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"artifact '{key}' not found in {self.root}") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def uri(self, key: str) -> str:
+        return self._path(key).as_uri()
+
+
+class S3Artifacts(ArtifactStore):
+    """A bucket (and key prefix) on S3 or an S3-compatible server (MinIO, moto). Credentials
+    come from boto3's usual chain: environment, shared config/credentials files, instance role."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        client: Any = None,
+    ):
+        import boto3  # imported here: only S3 users pay for it
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = client or boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+
+    def __repr__(self) -> str:
+        return f"S3Artifacts({self.uri('')!r})"
+
+    def _key(self, key: str) -> str:
+        _check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:  # a single PUT is atomic on S3: the object appears whole or not at all
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"writing {self.uri(key)} failed: {e}") from None
+        return self.uri(key)
+
+    def get_bytes(self, key: str) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return bytes(obj["Body"].read())
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise NotFound(f"artifact '{self.uri(key)}' not found") from None
+            raise StoreError(f"reading {self.uri(key)} failed: {e}") from None
+        except BotoCoreError as e:
+            raise StoreError(f"reading {self.uri(key)} failed: {e}") from None
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise StoreError(f"looking up {self.uri(key)} failed: {e}") from None
+        except BotoCoreError as e:
+            raise StoreError(f"looking up {self.uri(key)} failed: {e}") from None
+
+    def uri(self, key: str) -> str:
+        path = self._key(key) if key else self.prefix
+        return f"s3://{self.bucket}/{path}"
+
+
+def open_artifacts(
+    url: str | Path, *, endpoint_url: str | None = None, region: str | None = None
+) -> ArtifactStore:
+    """ "s3://bucket/prefix" opens S3Artifacts; a path (or file:// uri) opens LocalArtifacts."""
+    text = str(url)
+    if text.startswith("s3://"):
+        bucket, _, prefix = text.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise ConfigError(f"artifact url '{text}' names no bucket (s3://bucket/prefix)")
+        return S3Artifacts(bucket, prefix, endpoint_url=endpoint_url, region=region)
+    if "://" in text and not text.startswith("file://"):
+        raise ConfigError(f"artifact url '{text}': use a directory path or s3://bucket/prefix")
+    return LocalArtifacts(text.removeprefix("file://"))

@@ -1,0 +1,592 @@
+"""Experience: a scenario's records joined with their reports, checked, as samples for a recipe.
+
+One pass over the store, page by page: reports first (they are few and small), indexed by the
+records they quote; then records, keeping only the ones some report quotes, so memory grows
+with the reported records of a scenario, never with its whole traffic.
+
+A report quoting one receipt scores that exchange. A report quoting several receipts scores
+them together: ONE trajectory-level sample, its records ordered by session turn, then id.
+Several reports on the same receipts are all kept (`Sample.report_ids`); a rule picks which
+counts: "latest" (default), "first", or "mean" of their scores.
+
+Each candidate sample is then checked, and a failing one is dropped alone with one counted
+reason (the first that applies, in this order):
+
+- "missing_record":  a quoted record is not in the scenario any more;
+- "consumed":        a record was already trained on by this recipe (consumption receipts);
+- "no_score":        the counting report carries feedback but no score;
+- "unknown_release": a record names a release that is not on the scenario's chain;
+- "stale":           head seq − the oldest record's release seq > max_staleness;
+- "no_token_ids":    kind "rollout" and a record without recorded token ids;
+- "token_mismatch":  a multi-turn sample whose turns do not extend each other token by token;
+- "unpaired":        kind "preference" and no answer to the same prompt with another score.
+
+Records that no report quotes are not samples: `awaiting_feedback` counts them.
+
+Multi-turn token continuity. A trajectory is assembled from the token ids the engine recorded,
+never by re-tokenizing text: turn k+1's prompt_token_ids must start with turn k's
+prompt_token_ids + completion_token_ids. It does not when the client edited the history, when
+the chat template renders earlier assistant turns differently from what was generated (e.g.
+drops reasoning blocks), or when turns were served by releases with different tokenizers. Such
+samples are dropped as "token_mismatch" (on-policy token identity is what RL needs). A recipe
+that can live with off-policy tokens can instead (a) use the "scored" kind, whose text it
+re-tokenizes itself, or (b) ask for single-turn samples by reporting per receipt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from reef.anthropic import to_openai
+from reef.errors import BadRequest
+from reef.records import Consumption, Record, Report, content_hash, utcnow
+from reef.store.base import Store
+
+if TYPE_CHECKING:
+    from reef.artifacts import ArtifactStore
+    from reef.settings import LoopSettings
+
+Kind = Literal["scored", "preference", "rollout", "trajectory"]
+KINDS: tuple[Kind, ...] = ("scored", "preference", "rollout", "trajectory")
+Rule = Literal["latest", "first", "mean"]
+
+# Which experience each built-in recipe takes; a dotted-path recipe names its kind itself.
+RECIPE_KINDS: dict[str, Kind] = {
+    "sft": "scored",
+    "kto": "scored",
+    "dpo": "preference",
+    "sao": "preference",
+    "grpo": "rollout",
+    "harness": "trajectory",
+}
+
+PAGE_SIZE = 1000
+
+
+def kind_for(recipe: str) -> Kind:
+    """The experience kind a recipe takes ("scored" for a dotted path that says nothing)."""
+    return RECIPE_KINDS.get(recipe, "scored")
+
+
+def check_kind(kind: str) -> Kind:
+    if kind not in KINDS:
+        raise BadRequest(f"unknown experience kind '{kind}': use one of {', '.join(KINDS)}")
+    return kind
+
+
+# samples ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Turn:
+    """One exchange of a trajectory, with the tokens the engine saw and produced."""
+
+    record_id: str
+    turn: int | None
+    release_id: str
+    messages: tuple[dict[str, Any], ...]
+    completion: str
+    prompt_token_ids: tuple[int, ...] | None
+    completion_token_ids: tuple[int, ...] | None
+    logprobs: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    """A prompt, the answer given, and the score a report gave it (SFT, KTO)."""
+
+    sample_id: str
+    record_ids: tuple[str, ...]
+    release_id: str
+    staleness: int
+    messages: tuple[dict[str, Any], ...]
+    completion: str
+    score: float
+    report_id: str
+    report_ids: tuple[str, ...]
+    n_tokens: int | None
+
+
+@dataclass(frozen=True)
+class PreferenceSample:
+    """Two answers to the same prompt with different scores (DPO)."""
+
+    sample_id: str
+    record_ids: tuple[str, ...]  # (chosen, rejected)
+    release_id: str  # the chosen answer's
+    staleness: int  # the older of the two
+    messages: tuple[dict[str, Any], ...]
+    chosen: str
+    rejected: str
+    chosen_score: float
+    rejected_score: float
+    report_ids: tuple[str, ...]
+    n_tokens: int | None
+
+
+@dataclass(frozen=True)
+class RolloutSample:
+    """A scored rollout with the exact tokens and the sampling log-probs (GRPO, PPO).
+
+    A multi-turn rollout is flattened: `prompt_token_ids` is the first turn's prompt, the
+    completion is everything after it; `completion_mask` is 1 on tokens the model generated and
+    0 on tokens the environment inserted (later user/tool turns), whose log-probs read 0.0.
+    """
+
+    sample_id: str
+    record_ids: tuple[str, ...]
+    release_id: str
+    staleness: int
+    messages: tuple[dict[str, Any], ...]
+    completion: str
+    score: float
+    report_id: str
+    report_ids: tuple[str, ...]
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+    completion_mask: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class TrajectorySample:
+    """A session's turns, each with its messages, tokens and release, and the report's score."""
+
+    sample_id: str
+    record_ids: tuple[str, ...]
+    release_id: str  # the last turn's
+    staleness: int  # of the oldest turn
+    session_id: str | None
+    turns: tuple[Turn, ...]
+    score: float
+    report_id: str
+    report_ids: tuple[str, ...]
+    n_tokens: int | None
+
+
+Sample = ScoredSample | PreferenceSample | RolloutSample | TrajectorySample
+
+
+@dataclass(frozen=True)
+class Experience:
+    """Samples of one kind for one scenario, with what was left out and why."""
+
+    scenario: str
+    kind: Kind
+    recipe: str
+    samples: tuple[Sample, ...]
+    dropped: Counter[str]
+    awaiting_feedback: int
+    head_seq: int
+    max_staleness: int | None
+    collected_at: datetime = field(default_factory=utcnow)
+
+    @property
+    def record_ids(self) -> list[str]:
+        return sorted({rid for s in self.samples for rid in s.record_ids})
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether a scenario has a batch waiting for its recipe (computed, never stored)."""
+
+    scenario: str
+    kind: Kind
+    eligible: int
+    batch_size: int
+    ready: bool
+    dropped: Counter[str]
+    awaiting_feedback: int
+    last_materialization: dict[str, Any] | None
+
+
+# reading the store ----------------------------------------------------------------------
+def _pages_of_reports(store: Store, scenario: str, page_size: int) -> Iterator[list[Report]]:
+    after: str | None = None
+    while True:
+        page = store.list_reports(scenario, after=after, limit=page_size)
+        if not page:
+            return
+        yield page
+        if len(page) < page_size:
+            return
+        after = page[-1].id
+
+
+def pages_of_records(
+    store: Store, scenario: str, page_size: int = PAGE_SIZE
+) -> Iterator[list[Record]]:
+    """All records of a scenario, oldest first, one page (list) at a time."""
+    after: str | None = None
+    while True:
+        page = store.list_records(scenario, after=after, limit=page_size)
+        if not page:
+            return
+        yield page
+        if len(page) < page_size:
+            return
+        after = page[-1].id
+
+
+def reports_by_record(
+    store: Store, scenario: str, page_size: int = PAGE_SIZE
+) -> dict[str, list[Report]]:
+    """Every report of the scenario, under each record it quotes."""
+    out: dict[str, list[Report]] = {}
+    for page in _pages_of_reports(store, scenario, page_size):
+        for rep in page:
+            for rid in dict.fromkeys(rep.references):
+                out.setdefault(rid, []).append(rep)
+    return out
+
+
+# normalizing records ----------------------------------------------------------------------
+def prompt_messages(record: Record) -> list[dict[str, Any]]:
+    """The request's messages in OpenAI chat form (Anthropic bodies are translated)."""
+    if record.route == "messages":
+        return list(to_openai(record.request).get("messages", []))
+    return list(record.request.get("messages", []))
+
+
+def completion_text(record: Record) -> str:
+    """The answer's text (tool calls are not text and are left out)."""
+    resp = record.response
+    if record.route == "messages":
+        return "".join(
+            b.get("text", "") for b in resp.get("content") or [] if b.get("type") == "text"
+        )
+    choices = resp.get("choices") or [{}]
+    content = (choices[0].get("message") or {}).get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def _n_tokens(record: Record) -> int | None:
+    if record.prompt_token_ids is not None and record.completion_token_ids is not None:
+        return len(record.prompt_token_ids) + len(record.completion_token_ids)
+    usage = record.response.get("usage") or {}
+    p = usage.get("prompt_tokens", usage.get("input_tokens"))
+    c = usage.get("completion_tokens", usage.get("output_tokens"))
+    return int(p) + int(c) if p is not None and c is not None else None
+
+
+def _turn(record: Record) -> Turn:
+    return Turn(
+        record_id=record.id,
+        turn=record.turn,
+        release_id=record.release_id,
+        messages=tuple(prompt_messages(record)),
+        completion=completion_text(record),
+        prompt_token_ids=tuple(record.prompt_token_ids) if record.prompt_token_ids else None,
+        completion_token_ids=tuple(record.completion_token_ids)
+        if record.completion_token_ids is not None
+        else None,
+        logprobs=tuple(record.logprobs) if record.logprobs is not None else None,
+    )
+
+
+def _order(records: Sequence[Record]) -> list[Record]:
+    return sorted(records, key=lambda r: (r.turn if r.turn is not None else -1, r.id))
+
+
+def tokens_continue(records: Sequence[Record]) -> bool:
+    """Whether each turn's prompt tokens start with the previous turn's prompt + completion."""
+    for prev, cur in itertools.pairwise(records):
+        if (
+            prev.prompt_token_ids is None
+            or prev.completion_token_ids is None
+            or cur.prompt_token_ids is None
+        ):
+            return False
+        before = list(prev.prompt_token_ids) + list(prev.completion_token_ids)
+        if list(cur.prompt_token_ids[: len(before)]) != before:
+            return False
+    return True
+
+
+def _flatten(records: Sequence[Record]) -> tuple[list[int], list[int], list[int], list[float]]:
+    """(prompt, completion, mask, logprobs) of a continuous trajectory (see RolloutSample)."""
+    first = records[0]
+    prompt = list(first.prompt_token_ids or [])
+    completion: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    done = len(prompt)  # tokens of the full sequence emitted so far
+    for r in records:
+        inserted = list(r.prompt_token_ids or [])[done:]
+        completion += inserted
+        mask += [0] * len(inserted)
+        logprobs += [0.0] * len(inserted)
+        gen = list(r.completion_token_ids or [])
+        completion += gen
+        mask += [1] * len(gen)
+        lp = list(r.logprobs) if r.logprobs is not None and len(r.logprobs) == len(gen) else None
+        logprobs += lp if lp is not None else [0.0] * len(gen)
+        done = len(r.prompt_token_ids or []) + len(gen)
+    return prompt, completion, mask, logprobs
+
+
+# the rule --------------------------------------------------------------------------------
+def pick(reports: Sequence[Report], rule: Rule = "latest") -> tuple[Report, float | None]:
+    """The report that counts and the score it gives, among several on the same receipts."""
+    ordered = sorted(reports, key=lambda r: (r.created_at, r.id))
+    if rule == "first":
+        return ordered[0], ordered[0].score
+    if rule == "mean":
+        scores = [r.score for r in ordered if r.score is not None]
+        return ordered[-1], (sum(scores) / len(scores) if scores else None)
+    if rule == "latest":
+        return ordered[-1], ordered[-1].score
+    raise BadRequest(f"unknown report rule '{rule}': use latest, first or mean")
+
+
+def _sample_id(record_ids: Sequence[str]) -> str:
+    if len(record_ids) == 1:
+        return record_ids[0]
+    return "traj_" + hashlib.sha256(",".join(record_ids).encode()).hexdigest()[:26]
+
+
+# collecting -------------------------------------------------------------------------------
+def collect(
+    store: Store,
+    scenario: str,
+    kind: str,
+    *,
+    recipe: str,
+    max_staleness: int | None = None,
+    rule: Rule = "latest",
+    page_size: int = PAGE_SIZE,
+) -> Experience:
+    """The scenario's experience for `kind`, as `recipe` (whose consumption receipts count)
+    would see it now. Reads only; `max_staleness=None` keeps samples of any age."""
+    kind = check_kind(kind)
+    chain = store.list_releases(scenario)
+    scenario_row = store.get_scenario(scenario)
+    seq_of = {r.id: r.seq for r in chain}
+    head_seq = seq_of.get(scenario_row.head_release_id, max(seq_of.values(), default=0))
+    consumed = store.consumed_record_ids(scenario, recipe)
+
+    by_record = reports_by_record(store, scenario, page_size)
+    # Group the reports by the exact set of receipts they quote: one group, one sample.
+    groups: dict[tuple[str, ...], list[Report]] = {}
+    for reps in by_record.values():
+        for rep in reps:
+            key = tuple(sorted(set(rep.references)))
+            lst = groups.setdefault(key, [])
+            if all(r.id != rep.id for r in lst):
+                lst.append(rep)
+
+    wanted: dict[str, Record] = {}
+    awaiting = 0
+    for page in pages_of_records(store, scenario, page_size):
+        for rec in page:
+            if rec.id in by_record:
+                wanted[rec.id] = rec
+            elif rec.id not in consumed:
+                awaiting += 1
+    del by_record
+
+    dropped: Counter[str] = Counter()
+    candidates: list[tuple[list[Record], Report, float, list[Report], int]] = []
+    for key, reps in groups.items():
+        records = [wanted[rid] for rid in key if rid in wanted]
+        if len(records) != len(key):
+            dropped["missing_record"] += 1
+            continue
+        records = _order(records)
+        if any(r.id in consumed for r in records):
+            dropped["consumed"] += 1
+            continue
+        report, score = pick(reps, rule)
+        if score is None or (isinstance(score, float) and math.isnan(score)):
+            dropped["no_score"] += 1
+            continue
+        if any(r.release_id not in seq_of for r in records):
+            dropped["unknown_release"] += 1
+            continue
+        staleness = head_seq - min(seq_of[r.release_id] for r in records)
+        if max_staleness is not None and staleness > max_staleness:
+            dropped["stale"] += 1
+            continue
+        if kind == "rollout" and any(
+            r.prompt_token_ids is None or r.completion_token_ids is None for r in records
+        ):
+            dropped["no_token_ids"] += 1
+            continue
+        has_ids = all(r.prompt_token_ids is not None for r in records)
+        if len(records) > 1 and has_ids and not tokens_continue(records):
+            dropped["token_mismatch"] += 1
+            continue
+        candidates.append((records, report, float(score), reps, staleness))
+
+    samples: list[Sample]
+    if kind == "preference":
+        samples = _pairs(candidates, dropped)
+    else:
+        samples = [_build(kind, *c) for c in candidates]
+    samples.sort(key=lambda s: s.sample_id)
+    return Experience(
+        scenario=scenario,
+        kind=kind,
+        recipe=recipe,
+        samples=tuple(samples),
+        dropped=dropped,
+        awaiting_feedback=awaiting,
+        head_seq=head_seq,
+        max_staleness=max_staleness,
+    )
+
+
+def _report_ids(reps: Sequence[Report]) -> tuple[str, ...]:
+    return tuple(r.id for r in sorted(reps, key=lambda r: (r.created_at, r.id)))
+
+
+def _build(
+    kind: Kind,
+    records: list[Record],
+    report: Report,
+    score: float,
+    reps: list[Report],
+    staleness: int,
+) -> Sample:
+    last = records[-1]
+    ids = tuple(r.id for r in records)
+    common: dict[str, Any] = {
+        "sample_id": _sample_id(ids),
+        "record_ids": ids,
+        "release_id": last.release_id,
+        "staleness": staleness,
+        "score": score,
+        "report_id": report.id,
+        "report_ids": _report_ids(reps),
+    }
+    if kind == "scored":
+        return ScoredSample(
+            **common,
+            messages=tuple(prompt_messages(last)),
+            completion=completion_text(last),
+            n_tokens=_n_tokens(last),
+        )
+    if kind == "rollout":
+        prompt, completion, mask, logprobs = _flatten(records)
+        has_lp = all(r.logprobs is not None for r in records)
+        return RolloutSample(
+            **common,
+            messages=tuple(prompt_messages(records[0])),
+            completion=completion_text(last),
+            prompt_token_ids=tuple(prompt),
+            completion_token_ids=tuple(completion),
+            completion_mask=tuple(mask),
+            logprobs=tuple(logprobs) if has_lp else None,
+            n_tokens=len(prompt) + len(completion),
+        )
+    return TrajectorySample(
+        **common,
+        session_id=last.session_id,
+        turns=tuple(_turn(r) for r in records),
+        n_tokens=_n_tokens(last),
+    )
+
+
+def _pairs(
+    candidates: list[tuple[list[Record], Report, float, list[Report], int]],
+    dropped: Counter[str],
+) -> list[Sample]:
+    """Pair answers to the same prompt (same normalized request messages): the best with the
+    worst, the second best with the second worst, ... while their scores differ. Each answer is
+    in at most one pair, so consuming a pair never consumes an answer twice."""
+    by_prompt: dict[str, list[tuple[Record, float, list[Report], int]]] = {}
+    for records, _report, score, reps, staleness in candidates:
+        if len(records) != 1:
+            dropped["unpaired"] += 1  # a trajectory has no single prompt to compare on
+            continue
+        rec = records[0]
+        by_prompt.setdefault(content_hash(prompt_messages(rec)), []).append(
+            (rec, score, reps, staleness)
+        )
+    out: list[Sample] = []
+    for answers in by_prompt.values():
+        answers.sort(key=lambda a: (-a[1], a[0].id))
+        i, j = 0, len(answers) - 1
+        while i < j and answers[i][1] != answers[j][1]:
+            (c, cs, creps, cst), (r, rs, rreps, rst) = answers[i], answers[j]
+            ids = (c.id, r.id)
+            lens = [n for n in (_n_tokens(c), _n_tokens(r)) if n is not None]
+            out.append(
+                PreferenceSample(
+                    sample_id="pair_" + hashlib.sha256(",".join(ids).encode()).hexdigest()[:26],
+                    record_ids=ids,
+                    release_id=c.release_id,
+                    staleness=max(cst, rst),
+                    messages=tuple(prompt_messages(c)),
+                    chosen=completion_text(c),
+                    rejected=completion_text(r),
+                    chosen_score=cs,
+                    rejected_score=rs,
+                    report_ids=_report_ids(creps) + _report_ids(rreps),
+                    n_tokens=max(lens) if lens else None,
+                )
+            )
+            i, j = i + 1, j - 1
+        dropped["unpaired"] += len(answers) - 2 * i
+    return out
+
+
+# consumption and readiness ---------------------------------------------------------------------
+def consume(
+    store: Store, scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
+) -> int:
+    """Write consumption receipts for every record of `samples` (trained on in `batch_id`), so
+    later or repeated feedback never trains them again for `recipe`. Returns receipts written."""
+    now = utcnow()
+    ids = sorted({rid for s in samples for rid in s.record_ids})
+    store.add_consumptions([Consumption(scenario, recipe, rid, batch_id, now) for rid in ids])
+    return len(ids)
+
+
+def readiness(
+    store: Store,
+    scenario: str,
+    loop_settings: LoopSettings,
+    recipe_kind: str | None = None,
+    *,
+    artifacts: ArtifactStore | None = None,
+) -> Readiness:
+    """How many samples wait for the loop's recipe vs its batch size. No side effects."""
+    kind = check_kind(recipe_kind or kind_for(loop_settings.recipe))
+    exp = collect(
+        store,
+        scenario,
+        kind,
+        recipe=loop_settings.recipe,
+        max_staleness=loop_settings.max_staleness,
+    )
+    last = None
+    if artifacts is not None:
+        from reef.datasets import last_materialization
+
+        last = last_materialization(artifacts, scenario)
+    return Readiness(
+        scenario=scenario,
+        kind=kind,
+        eligible=len(exp.samples),
+        batch_size=loop_settings.batch_size,
+        ready=len(exp.samples) >= loop_settings.batch_size,
+        dropped=exp.dropped,
+        awaiting_feedback=exp.awaiting_feedback,
+        last_materialization=last,
+    )
+
+
+def dumps(obj: Any) -> str:
+    """Canonical JSON text (sorted keys) for message lists and feedback objects in datasets."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()

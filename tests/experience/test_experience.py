@@ -1,0 +1,213 @@
+"""Experience: feedback joins, the report rule, staleness, consumed-once, token continuity."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from reef.experience import (
+    PreferenceSample,
+    RolloutSample,
+    ScoredSample,
+    TrajectorySample,
+    collect,
+    consume,
+    readiness,
+)
+from reef.records import utcnow
+from reef.settings import LoopSettings
+from reef.store.sql import SQLStore
+from tests.experience.conftest import append_release, record, report, session
+
+S = "exp"
+
+
+def _base(store: SQLStore) -> str:
+    return store.ensure_scenario(S).head_release_id
+
+
+def test_multi_receipt_report_is_one_trajectory_sample(store: SQLStore) -> None:
+    base = _base(store)
+    turns = session(S, base, 3)
+    store.add_records(turns)
+    # quoted out of order: the sample still follows the session's turns
+    store.add_report(report(S, turns[2].id, turns[0].id, turns[1].id, score=0.75))
+
+    exp = collect(store, S, "trajectory", recipe="harness", page_size=2)
+    assert len(exp.samples) == 1 and not exp.dropped
+    (sample,) = exp.samples
+    assert isinstance(sample, TrajectorySample)
+    assert sample.record_ids == tuple(r.id for r in turns)
+    assert [t.turn for t in sample.turns] == [0, 1, 2]
+    assert [t.release_id for t in sample.turns] == [base] * 3
+    assert sample.turns[2].prompt_token_ids == tuple(turns[2].prompt_token_ids or [])
+    assert sample.session_id == turns[0].session_id and sample.score == 0.75
+
+    scored = collect(store, S, "scored", recipe="sft")
+    (one,) = scored.samples
+    assert isinstance(one, ScoredSample)
+    assert one.completion == "a2" and one.messages[-1] == {"role": "user", "content": "q2"}
+
+    rollout = collect(store, S, "rollout", recipe="grpo")
+    (ro,) = rollout.samples
+    assert isinstance(ro, RolloutSample)
+    full = list(turns[2].prompt_token_ids or []) + list(turns[2].completion_token_ids or [])
+    assert list(ro.prompt_token_ids) + list(ro.completion_token_ids) == full
+    # generated tokens are masked in, the inserted user turns out
+    assert ro.completion_mask == (1, 1, 0, 1, 1, 0, 1, 1)
+    assert ro.logprobs == (-0.5, -0.1, 0.0, -0.5, -0.1, 0.0, -0.5, -0.1)
+
+
+def test_several_reports_are_kept_and_the_rule_picks(store: SQLStore) -> None:
+    base = _base(store)
+    rec = record(S, base)
+    store.add_records([rec])
+    t0 = utcnow()
+    first = report(S, rec.id, score=0.1, created_at=t0)
+    second = report(S, rec.id, score=0.9, created_at=t0 + timedelta(seconds=1))
+    store.add_report(second)
+    store.add_report(first)
+
+    def sample(rule: str) -> ScoredSample:
+        (s,) = collect(store, S, "scored", recipe="sft", rule=rule).samples  # type: ignore[arg-type]
+        assert isinstance(s, ScoredSample)
+        return s
+
+    latest = sample("latest")
+    assert (latest.score, latest.report_id) == (0.9, second.id)
+    assert latest.report_ids == (first.id, second.id)
+    assert sample("first").score == 0.1
+    assert sample("mean").score == pytest.approx(0.5)
+
+
+def test_stale_samples_are_dropped_alone(store: SQLStore) -> None:
+    base = _base(store)
+    r1 = append_release(store, S)
+    r2 = append_release(store, S)  # the chain: base (0), r1 (1), r2 (2, head)
+    old, mid, fresh = (record(S, rel) for rel in (base, r1.id, r2.id))
+    stranger = record(S, "rel_not_on_the_chain")
+    store.add_records([old, mid, fresh, stranger])
+    for rec in (old, mid, fresh, stranger):
+        store.add_report(report(S, rec.id, score=1.0))
+
+    exp = collect(store, S, "scored", recipe="sft", max_staleness=1)
+    assert exp.dropped == Counter(stale=1, unknown_release=1)
+    assert {s.record_ids[0]: s.staleness for s in exp.samples} == {mid.id: 1, fresh.id: 0}
+
+    ready = readiness(store, S, LoopSettings(batch_size=2, max_staleness=1))
+    assert (ready.eligible, ready.ready) == (2, True)
+    assert ready.dropped == Counter(stale=1, unknown_release=1)
+
+
+def test_consumed_records_are_not_consumed_again(store: SQLStore) -> None:
+    base = _base(store)
+    a, b, c = (record(S, base) for _ in range(3))
+    store.add_records([a, b, c])
+    store.add_report(report(S, a.id))
+    store.add_report(report(S, b.id))
+
+    exp = collect(store, S, "scored", recipe="sft")
+    assert len(exp.samples) == 2 and exp.awaiting_feedback == 1
+    assert consume(store, S, "sft", exp.samples, "batch-1") == 2
+    assert consume(store, S, "sft", exp.samples, "batch-1-retry") == 2  # idempotent
+
+    store.add_report(report(S, a.id, score=0.0))  # late feedback on a consumed record
+    store.add_report(report(S, c.id, score=0.5))
+    again = collect(store, S, "scored", recipe="sft")
+    assert [s.record_ids for s in again.samples] == [(c.id,)]
+    assert again.dropped == Counter(consumed=2)
+    assert again.awaiting_feedback == 0
+    # another recipe has consumed nothing
+    assert len(collect(store, S, "scored", recipe="kto").samples) == 3
+
+
+def test_token_mismatch_and_missing_ids_are_counted(store: SQLStore) -> None:
+    base = _base(store)
+    broken = session(S, base, 3, break_at=2)
+    good = session(S, base, 2)
+    plain = record(S, base, prompt_token_ids=None, completion_token_ids=None, logprobs=None)
+    store.add_records([*broken, *good, plain])
+    store.add_report(report(S, *(r.id for r in broken)))
+    store.add_report(report(S, *(r.id for r in good)))
+    store.add_report(report(S, plain.id))
+    store.add_report(report(S, good[0].id, score=None, feedback="too long"))
+
+    traj = collect(store, S, "trajectory", recipe="harness")
+    assert traj.dropped == Counter(token_mismatch=1, no_score=1)
+    assert sorted(len(s.record_ids) for s in traj.samples) == [1, 2]
+
+    ro = collect(store, S, "rollout", recipe="grpo")
+    assert ro.dropped == Counter(token_mismatch=1, no_token_ids=1, no_score=1)
+    assert len(ro.samples) == 1
+
+
+def test_preference_pairs_answers_to_the_same_prompt(store: SQLStore) -> None:
+    base = _base(store)
+    best, worst, middle = (
+        record(S, base, answer=f"answer {k}", prompt="Name a color.") for k in range(3)
+    )
+    other = record(S, base, prompt="Something else.")
+    store.add_records([best, worst, middle, other])
+    for rec, score in ((best, 1.0), (worst, -1.0), (middle, 0.0), (other, 1.0)):
+        store.add_report(report(S, rec.id, score=score))
+
+    exp = collect(store, S, "preference", recipe="dpo")
+    (pair,) = exp.samples
+    assert isinstance(pair, PreferenceSample)
+    assert pair.record_ids == (best.id, worst.id)
+    assert (pair.chosen, pair.rejected) == ("answer 0", "answer 1")
+    assert (pair.chosen_score, pair.rejected_score) == (1.0, -1.0)
+    assert exp.dropped == Counter(unpaired=2)
+
+
+def test_anthropic_records_are_normalized(store: SQLStore) -> None:
+    base = _base(store)
+    rec = record(
+        S,
+        base,
+        route="messages",
+        request={
+            "model": "tiny",
+            "max_tokens": 16,
+            "system": "Be brief.",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        },
+        response={"type": "message", "content": [{"type": "text", "text": "Hello."}]},
+    )
+    store.add_records([rec])
+    store.add_report(report(S, rec.id, score=1.0))
+    (s,) = collect(store, S, "scored", recipe="sft").samples
+    assert isinstance(s, ScoredSample)
+    assert s.messages == (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    )
+    assert s.completion == "Hello."
+
+
+def test_readiness_has_no_side_effects(store: SQLStore, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from reef.artifacts import LocalArtifacts
+    from reef.datasets import materialize
+
+    base = _base(store)
+    recs = [record(S, base) for _ in range(5)]
+    store.add_records(recs)
+    for rec in recs[:3]:
+        store.add_report(report(S, rec.id))
+    artifacts = LocalArtifacts(tmp_path / "artifacts")
+    loop = LoopSettings(batch_size=4)
+
+    before = readiness(store, S, loop, artifacts=artifacts)
+    assert (before.eligible, before.batch_size, before.ready) == (3, 4, False)
+    assert before.awaiting_feedback == 2 and before.last_materialization is None
+    assert readiness(store, S, loop, artifacts=artifacts) == before
+    assert store.consumed_record_ids(S, "sft") == set()
+    assert not (tmp_path / "artifacts").exists()
+
+    snap = materialize(collect(store, S, "scored", recipe="sft"), "scored", artifacts)
+    after = readiness(store, S, loop, artifacts=artifacts)
+    assert after.last_materialization is not None
+    assert after.last_materialization["content_hash"] == snap.content_hash
+    assert after.last_materialization["rows"] == 3
