@@ -1,0 +1,143 @@
+"""Database engines for the SQL store: URL checks, SQLite pragmas and WAL, Postgres pooling."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from reef.errors import ConfigError
+
+
+def dumps_json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def normalize_url(database_url: str) -> URL:
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        raise ConfigError(
+            f"database_url {database_url!r} is not a URL: use sqlite:///path or "
+            "postgresql+psycopg://user@host/db"
+        ) from None
+    # psycopg 3 is the only Postgres driver installed: plain postgresql:// means it too.
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def sqlite_engine(url: URL, *, pool_size: int, max_overflow: int, busy_timeout_ms: int) -> Engine:
+    if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
+        raise ConfigError("SQLite needs a file (sqlite:///path/reef.db): records must survive")
+    path = Path(url.database).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    url = url.set(database=str(path))
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000},
+        json_serializer=dumps_json,
+        json_deserializer=orjson.loads,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the sqlite3 module (which begins lazily and never for
+        # DDL), so `begin` below issues BEGIN itself: every transaction, DDL included, is real.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        _enable_wal(cursor, busy_timeout_ms)
+        # FULL: the WAL is fsynced at every commit, so an acknowledged record survives power
+        # loss, not only a crash of the process.
+        cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        # Writers take the write lock up front (waiting up to busy_timeout): a deferred
+        # transaction that reads, then writes, fails at once with "database is locked" when
+        # another writer committed in between.
+        immediate = conn.get_execution_options().get("reef_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def _enable_wal(cursor: Any, busy_timeout_ms: int) -> None:
+    """Switch to WAL (persistent, so a no-op once done). On a fresh file the switch needs the
+    database to itself, and SQLite answers "database is locked" at once, without its busy
+    handler, while another connection holds it: several processes or threads opening a new
+    state dir together retry here until the first switch has happened."""
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def postgres_engine(
+    url: URL, *, pool_size: int, max_overflow: int, connect_timeout_s: int
+) -> Engine:
+    try:
+        return create_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            # A replica restarted or a connection cut by a proxy: checked before use, not
+            # failed on the request that happens to draw it.
+            pool_pre_ping=True,
+            connect_args={"connect_timeout": connect_timeout_s, "application_name": "reef"},
+            json_serializer=dumps_json,
+            json_deserializer=orjson.loads,
+        )
+    except (ImportError, ArgumentError) as e:
+        raise ConfigError(f"cannot use database_url driver {url.drivername!r}: {e}") from None
+
+
+def create_sql_engine(
+    database_url: str,
+    *,
+    pool_size: int,
+    max_overflow: int,
+    busy_timeout_ms: int,
+    connect_timeout_s: int,
+) -> Engine:
+    """A SQLAlchemy engine for `sqlite:///path` or `postgresql+psycopg://...`, set up for Reef."""
+    url = normalize_url(database_url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        engine = sqlite_engine(
+            url, pool_size=pool_size, max_overflow=max_overflow, busy_timeout_ms=busy_timeout_ms
+        )
+    elif backend == "postgresql":
+        engine = postgres_engine(
+            url, pool_size=pool_size, max_overflow=max_overflow, connect_timeout_s=connect_timeout_s
+        )
+    else:
+        raise ConfigError(
+            f"unsupported database {backend!r} in database_url: use sqlite:///path "
+            "or postgresql+psycopg://user@host/db"
+        )
+    return engine
+
+
+def describe_error(e: SQLAlchemyError) -> str:
+    # The driver's own message, without SQLAlchemy's echo of the statement and parameters
+    # (which can be a whole batch of request bodies).
+    orig = getattr(e, "orig", None) or e
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
+    return f"{type(orig).__name__}: {first}"

@@ -1,0 +1,186 @@
+"""Rows ⇄ records: the store's conversions, and the fast insert of records on the hot path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from sqlalchemy import Engine, Row
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from reef.errors import BadRequest, StoreError
+from reef.records import Record, Release, Report, Scenario
+from reef.store import tables
+from reef.store.connect import describe_error
+
+
+class RecordInsert:
+    """Inserts a batch of records through the DB-API connection directly (one executemany,
+    one transaction).
+
+    Why: on the group commit's critical path SQLAlchemy's execution machinery (pool events,
+    the BEGIN event, the execution context) cost ~200 us per commit on the project machine,
+    as much as SQLite's WAL fsync itself (measured: 435 us vs 235 us p50 per one-record
+    commit). Values are converted by the columns' own SQLAlchemy bind processors, so what is
+    written is exactly what a Core insert writes and what the reads expect. Errors use the
+    DB-API's standard exception classes, the same on sqlite3 and psycopg.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.dbapi = engine.dialect.loaded_dbapi
+        self.sqlite = engine.dialect.name == "sqlite"
+        columns = list(tables.records.columns)
+        self.names = [c.name for c in columns]
+        self.processors: list[Callable[[Any], Any] | None] = [
+            c.type.bind_processor(engine.dialect) for c in columns
+        ]
+        mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+        marks = ", ".join(mark for _ in columns)
+        self.sql = f"INSERT INTO records ({', '.join(self.names)}) VALUES ({marks})"
+
+    def __call__(self, rows: list[dict[str, Any]], what: str) -> None:
+        try:
+            params = [
+                tuple(
+                    proc(row[name]) if proc else row[name]
+                    for name, proc in zip(self.names, self.processors, strict=True)
+                )
+                for row in rows
+            ]
+        except (TypeError, ValueError, orjson.JSONEncodeError) as e:
+            raise BadRequest(f"cannot store {what}: {type(e).__name__}: {e}") from e
+        try:
+            raw = self.engine.raw_connection()  # pooled: pragmas set, pre-pinged on Postgres
+        except DBAPIError as e:
+            raise StoreError(f"database error while {what}: {describe_error(e)}") from e
+        except self.dbapi.Error as e:
+            raise StoreError(f"database error while {what}: {type(e).__name__}: {e}") from e
+        try:
+            cursor = raw.cursor()
+            try:
+                if self.sqlite:  # autocommit mode (see _pragmas): take the write lock up front
+                    cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor.executemany(self.sql, params)
+                    if self.sqlite:
+                        cursor.execute("COMMIT")
+                    else:
+                        raw.commit()
+                except BaseException:
+                    if self.sqlite:
+                        cursor.execute("ROLLBACK")
+                    else:
+                        raw.rollback()
+                    raise
+            finally:
+                cursor.close()
+        except self.dbapi.IntegrityError as e:
+            raise IntegrityError(self.sql, None, e) from e
+        except self.dbapi.Error as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise StoreError(f"database error while {what}: {type(e).__name__}: {first}") from e
+        finally:
+            raw.close()  # back to the pool
+
+
+def record_row(r: Record) -> dict[str, Any]:
+    # Attribute by attribute: dataclasses.asdict deep-copies every body, which the hot path
+    # cannot afford.
+    return {
+        "id": r.id,
+        "scenario": r.scenario,
+        "created_at": r.created_at,
+        "route": r.route,
+        "model": r.model,
+        "stream": r.stream,
+        "request": r.request,
+        "response": r.response,
+        "release_id": r.release_id,
+        "prompt_token_ids": r.prompt_token_ids,
+        "completion_token_ids": r.completion_token_ids,
+        "logprobs": r.logprobs,
+        "timings": r.timings,
+        "tags": r.tags,
+        "session_id": r.session_id,
+        "turn": r.turn,
+        "parent_id": r.parent_id,
+        "state_hash": r.state_hash,
+        "idempotency_key": r.idempotency_key,
+    }
+
+
+def record_of(row: Row[Any]) -> Record:
+    m = row._mapping
+    return Record(
+        id=m["id"],
+        scenario=m["scenario"],
+        created_at=m["created_at"],
+        route=m["route"],
+        model=m["model"],
+        stream=bool(m["stream"]),
+        request=m["request"],
+        response=m["response"],
+        release_id=m["release_id"],
+        prompt_token_ids=m["prompt_token_ids"],
+        completion_token_ids=m["completion_token_ids"],
+        logprobs=m["logprobs"],
+        timings=m["timings"],
+        tags=m["tags"],
+        session_id=m["session_id"],
+        turn=m["turn"],
+        parent_id=m["parent_id"],
+        state_hash=m["state_hash"],
+        idempotency_key=m["idempotency_key"],
+    )
+
+
+def report_row(r: Report) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "scenario": r.scenario,
+        "created_at": r.created_at,
+        "references": list(r.references),
+        "score": r.score,
+        "feedback": r.feedback,
+        "metadata": r.metadata,
+        "content_hash": r.content_hash,
+    }
+
+
+def report_of(row: Row[Any]) -> Report:
+    m = row._mapping
+    return Report(
+        id=m["id"],
+        scenario=m["scenario"],
+        created_at=m["created_at"],
+        references=tuple(m["references"]),
+        score=m["score"],
+        feedback=m["feedback"],
+        metadata=m["metadata"],
+    )
+
+
+def scenario_of(row: Row[Any]) -> Scenario:
+    m = row._mapping
+    return Scenario(
+        name=m["name"],
+        created_at=m["created_at"],
+        head_release_id=m["head_release_id"],
+        description=m["description"],
+    )
+
+
+def release_of(row: Row[Any]) -> Release:
+    m = row._mapping
+    return Release(
+        id=m["id"],
+        scenario=m["scenario"],
+        seq=m["seq"],
+        parent_id=m["parent_id"],
+        kind=m["kind"],
+        created_at=m["created_at"],
+        uri=m["uri"],
+        metadata=m["metadata"],
+    )
