@@ -39,10 +39,10 @@ import hashlib
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import orjson
 
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 Kind = Literal["scored", "preference", "rollout", "trajectory"]
 KINDS: tuple[Kind, ...] = ("scored", "preference", "rollout", "trajectory")
 Rule = Literal["latest", "first", "mean"]
+T = TypeVar("T", Record, Report)
 
 # Which experience each built-in recipe takes; a dotted-path recipe names its kind itself.
 RECIPE_KINDS: dict[str, Kind] = {
@@ -209,31 +210,28 @@ class Readiness:
 
 
 # reading the store ----------------------------------------------------------------------
-def _pages_of_reports(store: Store, scenario: str, page_size: int) -> Iterator[list[Report]]:
+def _pages(list_page: Callable[..., list[T]], scenario: str, page_size: int) -> Iterator[list[T]]:
+    """Everything `list_page` (a Store lister paged by id) returns for the scenario, page by page."""
     after: str | None = None
     while True:
-        page = store.list_reports(scenario, after=after, limit=page_size)
+        page = list_page(scenario, after=after, limit=page_size)
         if not page:
             return
         yield page
         if len(page) < page_size:
             return
         after = page[-1].id
+
+
+def _pages_of_reports(store: Store, scenario: str, page_size: int) -> Iterator[list[Report]]:
+    return _pages(store.list_reports, scenario, page_size)
 
 
 def pages_of_records(
     store: Store, scenario: str, page_size: int = PAGE_SIZE
 ) -> Iterator[list[Record]]:
     """All records of a scenario, oldest first, one page (list) at a time."""
-    after: str | None = None
-    while True:
-        page = store.list_records(scenario, after=after, limit=page_size)
-        if not page:
-            return
-        yield page
-        if len(page) < page_size:
-            return
-        after = page[-1].id
+    return _pages(store.list_records, scenario, page_size)
 
 
 def reports_by_record(

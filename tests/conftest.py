@@ -1,14 +1,17 @@
-"""Shared test fixtures: throwaway PostgreSQL databases for tests that need one."""
+"""Shared test fixtures: throwaway PostgreSQL databases, and a migrated store on each backend."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
+
+from reef.store.sql import SQLStore, open_store
 
 # The project machines run PostgreSQL on loopback with trust auth; override for elsewhere.
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -47,3 +50,24 @@ def make_postgres_database() -> Iterator[Callable[[], str]]:
 def postgres_url(make_postgres_database: Callable[[], str]) -> str:
     """One database for the session (tests that share it clean up after themselves)."""
     return make_postgres_database()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database: a fresh SQLite file, or a fresh Postgres database (dropped at the
+    end of the session). Tests taking it run once per backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state' / 'reef.db'}"
+    make: Callable[[], str] = request.getfixturevalue("make_postgres_database")
+    return make()
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[SQLStore]:
+    """A migrated store on `database_url`."""
+    s = open_store(database_url)
+    s.migrate()
+    try:
+        yield s
+    finally:
+        s.close()

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,31 +18,11 @@ from sqlalchemy import update
 
 from reef.records import Record, Release, Report, new_id, utcnow
 from reef.store import tables
-from reef.store.sql import SQLStore, open_store
+from reef.store.sql import SQLStore
 from tests.reefserver import free_port
 
 MOTO = str(Path(sys.executable).with_name("moto_server"))
 _seq = itertools.count()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database: a fresh SQLite file, or a fresh Postgres database (dropped at the
-    end of the session)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state' / 'reef.db'}"
-    make: Callable[[], str] = request.getfixturevalue("make_postgres_database")
-    return make()
-
-
-@pytest.fixture
-def store(database_url: str) -> Iterator[SQLStore]:
-    s = open_store(database_url)
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def append_release(store: SQLStore, scenario: str) -> Release:

@@ -1,44 +1,14 @@
-"""Store fixtures: every contract test runs once on SQLite and once on Postgres."""
+"""Store fixtures (the `store` fixture itself, on SQLite and on Postgres, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 
 from reef.records import Record, new_id, utcnow
-from reef.store.sql import SQLStore, open_store
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database: a fresh SQLite file, or the session's Postgres database wiped after."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'state' / 'reef.db'}"
-        return
-    url: str = request.getfixturevalue("postgres_url")
-    yield url
-    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(plain, autocommit=True) as conn:
-        conn.execute(
-            "DROP TABLE IF EXISTS consumptions, records, reports, releases, scenarios, "
-            "alembic_version CASCADE"
-        )
-
-
-@pytest.fixture
-def store(database_url: str) -> Iterator[SQLStore]:
-    s = open_store(database_url)
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture
