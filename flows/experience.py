@@ -1,0 +1,132 @@
+"""Prefect tasks and a flow that turn a scenario's eligible experience into a validated dataset
+snapshot, logged to MLflow as a dataset input of the run that uses it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from reef.artifacts import open_artifacts
+from reef.contracts import ContractViolation, ValidationReport, validate
+from reef.datasets import Snapshot, load, materialize
+from reef.experience import Experience, collect, kind_for
+from reef.store.sql import open_store
+
+
+# Tasks take URLs, not open connections: a worker on another host opens its own. No task is
+# cached: the same inputs meet new experience on every run (a snapshot is written once per
+# content hash anyway).
+# Retries only where the network is touched (database, artifact store), where a failure may be
+# transient; a contract violation is a verdict on the data, and retrying cannot change it.
+@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def materialize_snapshot(
+    database_url: str,
+    artifacts_url: str,
+    scenario: str,
+    kind: str,
+    *,
+    recipe: str,
+    max_staleness: int | None = None,
+    artifacts_endpoint_url: str | None = None,
+) -> tuple[Snapshot, Experience]:
+    """collect -> materialize; returns the snapshot and the experience it came from."""
+    store = open_store(database_url)
+    try:
+        experience = collect(store, scenario, kind, recipe=recipe, max_staleness=max_staleness)
+    finally:
+        store.close()
+    artifacts = open_artifacts(artifacts_url, endpoint_url=artifacts_endpoint_url)
+    return materialize(experience, kind, artifacts), experience
+
+
+@task(retries=0, cache_policy=NO_CACHE)
+def validate_snapshot(
+    snapshot: Snapshot,
+    artifacts_url: str,
+    *,
+    max_context: int | None = None,
+    max_staleness: int | None = None,
+    artifacts_endpoint_url: str | None = None,
+) -> ValidationReport:
+    """contracts.validate; a ContractViolation fails the task with its readable report."""
+    table = load(open_artifacts(artifacts_url, endpoint_url=artifacts_endpoint_url), snapshot.key)
+    return validate(table, snapshot.kind, max_context=max_context, max_staleness=max_staleness)
+
+
+@flow(name="materialize-experience")
+def materialize_experience(
+    scenario: str,
+    kind: str,
+    database_url: str,
+    artifacts_url: str,
+    tracking_uri: str,
+    max_staleness: int | None = 0,
+    recipe: str | None = None,
+    max_context: int | None = None,
+    artifacts_endpoint_url: str | None = None,
+    context: str = "training",
+) -> dict[str, Any]:
+    """Materialize and validate a scenario's experience inside an MLflow run of experiment
+    "reef/<scenario>"; the snapshot becomes the run's dataset input only once it passed its
+    contract (a violation fails the run and the flow). Returns the snapshot's uri and hash."""
+    import mlflow
+
+    from reef.tracking import log_snapshot_input
+
+    recipe = recipe or _recipe_for(kind)
+    snapshot, experience = materialize_snapshot(
+        database_url,
+        artifacts_url,
+        scenario,
+        kind,
+        recipe=recipe,
+        max_staleness=max_staleness,
+        artifacts_endpoint_url=artifacts_endpoint_url,
+    )
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(f"reef/{scenario}")
+    with mlflow.start_run(run_name=f"materialize-{kind}") as run:
+        mlflow.log_params(
+            {
+                "scenario": scenario,
+                "kind": kind,
+                "recipe": recipe,
+                "max_staleness": max_staleness,
+                "max_context": max_context,
+                "snapshot_uri": snapshot.uri,
+                "content_hash": snapshot.content_hash,
+            }
+        )
+        mlflow.log_metrics(
+            {
+                "rows": snapshot.rows,
+                "awaiting_feedback": experience.awaiting_feedback,
+                **{f"dropped_{reason}": n for reason, n in sorted(experience.dropped.items())},
+            }
+        )
+        try:
+            validate_snapshot(
+                snapshot,
+                artifacts_url,
+                max_context=max_context,
+                max_staleness=max_staleness,
+                artifacts_endpoint_url=artifacts_endpoint_url,
+            )
+        except ContractViolation as e:
+            # the run ends FAILED (start_run's exit) with the report readable in the UI
+            mlflow.set_tag("reef.contract_violation", e.message[:5000])
+            raise
+        log_snapshot_input(snapshot, context=context)
+    return {
+        "uri": snapshot.uri,
+        "content_hash": snapshot.content_hash,
+        "rows": snapshot.rows,
+        "run_id": run.info.run_id,
+    }
+
+
+def _recipe_for(kind: str) -> str:
+    # the first built-in recipe that takes this kind: its consumption receipts count
+    return next((r for r in ("sft", "dpo", "grpo", "harness") if kind_for(r) == kind), "sft")
