@@ -10,9 +10,17 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from api.bodies import call_headers, read_json, validate
+from api.answers import (
+    call_receipt,
+    event_stream,
+    json_replay,
+    plain_answer,
+    receipt_headers,
+    schema_ref,
+    start_call,
+)
+from api.bodies import read_json, validate
 from api.errors import error_body
-from api.routes.openai import RECEIPT, RELEASE, SSE_HEADERS, _schema_ref, receipt_headers
 from api.services import caller
 from reef import anthropic
 from reef.engines.chunks import disassemble
@@ -44,16 +52,12 @@ def replay_stream(record: Record) -> StreamingResponse:
             yield event(name, data)
         yield event(*translator.stop())
 
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={**receipt_headers(record, True), **SSE_HEADERS},
-    )
+    return event_stream(events(), receipt_headers(record, True))
 
 
 @router.post(
     "/v1/messages",
-    openapi_extra=_schema_ref(AnthropicMessagesRequest),
+    openapi_extra=schema_ref(AnthropicMessagesRequest),
     summary="Create a message (Anthropic wire format); answers carry a receipt header",
 )
 async def messages(request: Request) -> Response:
@@ -65,43 +69,16 @@ async def messages(request: Request) -> Response:
     serving.check_max_tokens(req.max_tokens)
     scenario = await serving.scenario(scenario_name)
     engine_body = anthropic.to_openai({**body, "model": model})
-    asked = call_headers(request)
-    call = await serving.new_call(
-        scenario,
-        "messages",
-        body,
-        engine_body,
-        asked.tags,
-        session_id=asked.session_id,
-        idempotency_key=asked.idempotency_key,
-    )
+    call = await start_call(request, svc, scenario, "messages", body, engine_body)
     if call.replay is not None:
-        svc.metrics.idempotent_replays.labels(scenario.name, call.route).inc()
-        if req.stream:
-            return replay_stream(call.replay)
-        return Response(
-            orjson.dumps(call.replay.response),
-            media_type="application/json",
-            headers=receipt_headers(call.replay, True),
-        )
-    headers = {RECEIPT: call.record_id, RELEASE: call.release_id}
+        return replay_stream(call.replay) if req.stream else json_replay(svc, call)
     msg_id = anthropic.message_id()
 
     def render(response: dict[str, Any]) -> dict[str, Any]:
         return anthropic.from_openai(response, req.model, msg_id)
 
     if not req.stream:
-        record, done = await serving.complete(call, render)
-        replayed = record.id != call.record_id  # another replica stored this key's answer
-        if replayed:
-            svc.metrics.idempotent_replays.labels(scenario.name, call.route).inc()
-        else:
-            svc.metrics.record_written(scenario.name, call.route, done.response.get("usage"))
-        return Response(
-            orjson.dumps(record.response),
-            media_type="application/json",
-            headers=receipt_headers(record, replayed),
-        )
+        return await plain_answer(svc, call, render)
 
     items = await serving.open_stream(call, render)
     translator = anthropic.StreamTranslator(req.model, msg_id)
@@ -127,6 +104,4 @@ async def messages(request: Request) -> Response:
             svc.metrics.errors.labels(e.type, e.code or "").inc()
             yield event("error", error_body(e, anthropic=True))
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
-    )
+    return event_stream(events(), call_receipt(call))

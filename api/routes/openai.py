@@ -11,7 +11,16 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from api.bodies import call_headers, read_json, validate
+from api.answers import (
+    call_receipt,
+    event_stream,
+    json_replay,
+    plain_answer,
+    receipt_headers,
+    schema_ref,
+    start_call,
+)
+from api.bodies import read_json, validate
 from api.errors import error_body
 from api.services import caller, services
 from reef.engines.chunks import disassemble
@@ -22,32 +31,9 @@ from reef.wire import ChatCompletionRequest
 router = APIRouter(tags=["openai"])
 log = logging.getLogger("reef.api")
 
-RECEIPT = "x-reef-agent-record-id"
-RELEASE = "x-reef-release-id"
-REPLAY = "x-reef-idempotent-replay"
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-def _schema_ref(model: type) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
-            },
-        }
-    }
-
 
 def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
-
-
-def receipt_headers(record: Record, replay: bool) -> dict[str, str]:
-    headers = {RECEIPT: record.id, RELEASE: record.release_id}
-    if replay:
-        headers[REPLAY] = "true"
-    return headers
 
 
 def replay_stream(record: Record) -> StreamingResponse:
@@ -61,16 +47,12 @@ def replay_stream(record: Record) -> StreamingResponse:
             yield sse(chunk)
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={**receipt_headers(record, True), **SSE_HEADERS},
-    )
+    return event_stream(events(), receipt_headers(record, True))
 
 
 @router.post(
     "/v1/chat/completions",
-    openapi_extra=_schema_ref(ChatCompletionRequest),
+    openapi_extra=schema_ref(ChatCompletionRequest),
     summary="Create a chat completion (OpenAI wire format); answers carry a receipt header",
     response_description="chat.completion, or an SSE stream of chat.completion.chunk",
 )
@@ -83,39 +65,13 @@ async def chat_completions(request: Request) -> Response:
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     serving.check_max_tokens(req.requested_max_tokens, param)
     scenario = await serving.scenario(scenario_name)
-    asked = call_headers(request)
-    call = await serving.new_call(
-        scenario,
-        "chat.completions",
-        body,
-        {**body, "model": model},
-        asked.tags,
-        session_id=asked.session_id,
-        idempotency_key=asked.idempotency_key,
+    call = await start_call(
+        request, svc, scenario, "chat.completions", body, {**body, "model": model}
     )
     if call.replay is not None:
-        svc.metrics.idempotent_replays.labels(scenario.name, call.route).inc()
-        if req.stream:
-            return replay_stream(call.replay)
-        return Response(
-            orjson.dumps(call.replay.response),
-            media_type="application/json",
-            headers=receipt_headers(call.replay, True),
-        )
-    headers = {RECEIPT: call.record_id, RELEASE: call.release_id}
-
+        return replay_stream(call.replay) if req.stream else json_replay(svc, call)
     if not req.stream:
-        record, done = await serving.complete(call)
-        replayed = record.id != call.record_id  # another replica stored this key's answer
-        if replayed:
-            svc.metrics.idempotent_replays.labels(scenario.name, call.route).inc()
-        else:
-            svc.metrics.record_written(scenario.name, call.route, done.response.get("usage"))
-        return Response(
-            orjson.dumps(record.response),
-            media_type="application/json",
-            headers=receipt_headers(record, replayed),
-        )
+        return await plain_answer(svc, call)
 
     items = await serving.open_stream(call)
 
@@ -135,9 +91,7 @@ async def chat_completions(request: Request) -> Response:
             svc.metrics.errors.labels(e.type, e.code or "").inc()
             yield sse(error_body(e))
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
-    )
+    return event_stream(events(), call_receipt(call))
 
 
 @router.get("/v1/models", summary="List the models this server answers to")

@@ -8,8 +8,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from api.answers import schema_ref
 from api.bodies import read_json, validate
-from api.routes.openai import _schema_ref
 from api.services import caller, check_scenario_name, services
 from reef.errors import BadRequest
 from reef.records import Record, Report, Scenario, new_id, utcnow
@@ -44,7 +44,7 @@ def _report_out(r: Report, created: bool = True) -> ReportOut:
     "/scenarios",
     status_code=201,
     response_model=ScenarioOut,
-    openapi_extra=_schema_ref(ScenarioIn),
+    openapi_extra=schema_ref(ScenarioIn),
     summary="Create a scenario (it is also created on first use by x-reef-scenario)",
 )
 async def create_scenario(request: Request) -> ScenarioOut:
@@ -130,7 +130,7 @@ async def list_reports(
     "/report",
     response_model=ReportOut,
     status_code=201,
-    openapi_extra=_schema_ref(ReportIn),
+    openapi_extra=schema_ref(ReportIn),
     summary="Report feedback on receipts of the caller's scenario (x-reef-scenario)",
     responses={200: {"description": "a retry of a stored report (same report_id and content)"}},
 )

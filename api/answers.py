@@ -1,0 +1,102 @@
+"""How inference calls are answered, whatever the wire format: receipts, replays, plain answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from api.bodies import call_headers
+from api.services import Services
+from reef.records import Record, Scenario
+from reef.serving import Call
+
+RECEIPT = "x-reef-agent-record-id"
+RELEASE = "x-reef-release-id"
+REPLAY = "x-reef-idempotent-replay"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def schema_ref(model: type) -> dict[str, Any]:
+    """openapi_extra for a route that reads its body itself: the body is `model`."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            },
+        }
+    }
+
+
+def receipt_headers(record: Record, replay: bool) -> dict[str, str]:
+    headers = {RECEIPT: record.id, RELEASE: record.release_id}
+    if replay:
+        headers[REPLAY] = "true"
+    return headers
+
+
+def call_receipt(call: Call) -> dict[str, str]:
+    """The headers of a live call, sent before its record exists (streams)."""
+    return {RECEIPT: call.record_id, RELEASE: call.release_id}
+
+
+async def start_call(
+    request: Request,
+    svc: Services,
+    scenario: Scenario,
+    route: str,
+    body: dict[str, Any],
+    engine_body: dict[str, Any],
+) -> Call:
+    """The call for this request, placed in its session (or a replay of an idempotent retry)."""
+    asked = call_headers(request)
+    return await svc.serving.new_call(
+        scenario,
+        route,
+        body,
+        engine_body,
+        asked.tags,
+        session_id=asked.session_id,
+        idempotency_key=asked.idempotency_key,
+    )
+
+
+def json_answer(record: Record, replay: bool) -> Response:
+    return Response(
+        orjson.dumps(record.response),
+        media_type="application/json",
+        headers=receipt_headers(record, replay),
+    )
+
+
+def json_replay(svc: Services, call: Call) -> Response:
+    """An idempotent retry of a plain request: the stored answer, nothing served or recorded."""
+    assert call.replay is not None
+    svc.metrics.idempotent_replays.labels(call.scenario.name, call.route).inc()
+    return json_answer(call.replay, True)
+
+
+async def plain_answer(
+    svc: Services, call: Call, render: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> Response:
+    """Serve without streaming; the answer leaves once its record is durable."""
+    if render is None:
+        record, done = await svc.serving.complete(call)
+    else:
+        record, done = await svc.serving.complete(call, render)
+    replayed = record.id != call.record_id  # another replica stored this key's answer first
+    if replayed:
+        svc.metrics.idempotent_replays.labels(call.scenario.name, call.route).inc()
+    else:
+        svc.metrics.record_written(call.scenario.name, call.route, done.response.get("usage"))
+    return json_answer(record, replayed)
+
+
+def event_stream(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
+    )
