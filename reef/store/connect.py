@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError
 
 from reef.errors import ConfigError
 
@@ -135,9 +135,10 @@ def create_sql_engine(
     return engine
 
 
-def describe_error(e: SQLAlchemyError) -> str:
-    # The driver's own message, without SQLAlchemy's echo of the statement and parameters
-    # (which can be a whole batch of request bodies).
+def describe_error(e: Exception) -> str:
+    # The driver's own message (a SQLAlchemy error's `orig`, or a DB-API error itself), first
+    # line only: without SQLAlchemy's echo of the statement and parameters (which can be a
+    # whole batch of request bodies).
     orig = getattr(e, "orig", None) or e
     first = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
     return f"{type(orig).__name__}: {first}"

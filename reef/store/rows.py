@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,7 @@ class RecordInsert:
         except DBAPIError as e:
             raise StoreError(f"database error while {what}: {describe_error(e)}") from e
         except self.dbapi.Error as e:
-            raise StoreError(f"database error while {what}: {type(e).__name__}: {e}") from e
+            raise StoreError(f"database error while {what}: {describe_error(e)}") from e
         try:
             cursor = raw.cursor()
             try:
@@ -79,61 +80,25 @@ class RecordInsert:
         except self.dbapi.IntegrityError as e:
             raise IntegrityError(self.sql, None, e) from e
         except self.dbapi.Error as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise StoreError(f"database error while {what}: {type(e).__name__}: {first}") from e
+            raise StoreError(f"database error while {what}: {describe_error(e)}") from e
         finally:
             raw.close()  # back to the pool
 
 
+# A record's fields are the records table's columns, one for one.
+RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(Record))
+
+
 def record_row(r: Record) -> dict[str, Any]:
-    # Attribute by attribute: dataclasses.asdict deep-copies every body, which the hot path
-    # cannot afford.
-    return {
-        "id": r.id,
-        "scenario": r.scenario,
-        "created_at": r.created_at,
-        "route": r.route,
-        "model": r.model,
-        "stream": r.stream,
-        "request": r.request,
-        "response": r.response,
-        "release_id": r.release_id,
-        "prompt_token_ids": r.prompt_token_ids,
-        "completion_token_ids": r.completion_token_ids,
-        "logprobs": r.logprobs,
-        "timings": r.timings,
-        "tags": r.tags,
-        "session_id": r.session_id,
-        "turn": r.turn,
-        "parent_id": r.parent_id,
-        "state_hash": r.state_hash,
-        "idempotency_key": r.idempotency_key,
-    }
+    # Field by field: dataclasses.asdict deep-copies every body, which the hot path cannot afford.
+    return {name: getattr(r, name) for name in RECORD_FIELDS}
 
 
 def record_of(row: Row[Any]) -> Record:
     m = row._mapping
-    return Record(
-        id=m["id"],
-        scenario=m["scenario"],
-        created_at=m["created_at"],
-        route=m["route"],
-        model=m["model"],
-        stream=bool(m["stream"]),
-        request=m["request"],
-        response=m["response"],
-        release_id=m["release_id"],
-        prompt_token_ids=m["prompt_token_ids"],
-        completion_token_ids=m["completion_token_ids"],
-        logprobs=m["logprobs"],
-        timings=m["timings"],
-        tags=m["tags"],
-        session_id=m["session_id"],
-        turn=m["turn"],
-        parent_id=m["parent_id"],
-        state_hash=m["state_hash"],
-        idempotency_key=m["idempotency_key"],
-    )
+    values = {name: m[name] for name in RECORD_FIELDS}
+    values["stream"] = bool(values["stream"])  # SQLite hands back 0/1
+    return Record(**values)
 
 
 def report_row(r: Report) -> dict[str, Any]:

@@ -422,15 +422,7 @@ class SQLStore(Store):
 
     # releases -------------------------------------------------------------------
     def get_release(self, scenario: str, release_id: str) -> Release:
-        t = tables.releases
-        with self._tx(f"reading release '{release_id}'") as conn:
-            row = conn.execute(
-                select(t).where(t.c.scenario == scenario, t.c.id == release_id)
-            ).first()
-            if row is None:
-                self._require_scenario(conn, scenario)
-                raise NotFound(f"release '{release_id}' not found in scenario '{scenario}'")
-        return release_of(row)
+        return release_of(self._one(tables.releases, scenario, release_id, "release"))
 
     def list_releases(self, scenario: str) -> list[Release]:
         t = tables.releases
