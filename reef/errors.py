@@ -68,6 +68,13 @@ class IdempotencyKeyReused(Conflict):
     code = "idempotency_key_reused"
 
 
+class HeadMoved(Conflict):
+    """A publisher's parent release is no longer its scenario's head: someone else published
+    first, so what was gated against the old head must be gated again."""
+
+    code = "head_moved"
+
+
 class PayloadTooLarge(ReefError):
     status = 413
     type = "invalid_request_error"

@@ -1,4 +1,4 @@
-"""What the store holds: scenarios, records, reports and releases, as plain frozen dataclasses."""
+"""What the store holds: scenarios, records, reports, releases, candidates (frozen dataclasses)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,16 @@ def content_hash(obj: Any) -> str:
     return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+# What made a release: the scenario's creation (seq 0), a training run, a rollback to earlier
+# content, or the promotion of a candidate built elsewhere.
+RELEASE_OPERATIONS = frozenset({"creation", "training", "rollback", "promote"})
+
+# A candidate's life: "pending" until the gate decides; "rejected" by the gate, "published"
+# once its release heads the chain, "failed" when building or publishing it broke, and
+# "superseded" when the head moved on before it could be published.
+CANDIDATE_STATUSES = frozenset({"pending", "rejected", "published", "failed", "superseded"})
+
+
 @dataclass(frozen=True)
 class Release:
     """An accepted artifact on a scenario's append-only chain. Sequence 0 is the base model."""
@@ -47,8 +57,37 @@ class Release:
     parent_id: str | None
     kind: str  # "base" | "adapter" | "checkpoint" | "harness"
     created_at: datetime
-    uri: str | None = None
+    uri: str | None = None  # where the content's files are
     metadata: dict[str, Any] = field(default_factory=dict)
+    operation: str = "creation"  # one of RELEASE_OPERATIONS
+    content_hash: str | None = None
+    recipe: str | None = None
+    dataset_id: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)  # the gate's decision and its numbers
+    model_uri: str | None = None  # the MLflow registry's "models:/..." for this content
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A trained artifact waiting for the gate. Published, it becomes the release `id` whose
+    parent is `parent_id`, the head it was trained against."""
+
+    id: str  # the release id ("rel_...") it takes if published
+    scenario: str
+    parent_id: str
+    kind: str
+    created_at: datetime
+    status: str  # one of CANDIDATE_STATUSES
+    uri: str | None
+    content_hash: str | None
+    recipe: str | None
+    dataset_id: str | None
+    metrics: dict[str, Any]
+    gate: dict[str, Any]
+    model_uri: str | None
+    updated_at: datetime
+    message: str | None = None  # why it failed or was rejected
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from reef.records import Consumption, Record, Release, Report, Scenario
+from reef.records import Candidate, Consumption, Record, Release, Report, Scenario
 
 
 class Store(ABC):
-    """Durable home of scenarios, records, reports and release chains.
+    """Durable home of scenarios, records, reports, release chains and candidates.
 
     Methods are synchronous and thread-safe; the API calls them from worker threads.
     Every write is committed (durable) before the method returns. Errors are ReefErrors:
@@ -45,7 +46,7 @@ class Store(ABC):
 
     @abstractmethod
     def delete_scenario(self, name: str) -> None:
-        """Delete the scenario with all its records, reports and releases."""
+        """Delete the scenario with all its records, reports, releases and candidates."""
 
     # records -------------------------------------------------------------------
     @abstractmethod
@@ -117,3 +118,50 @@ class Store(ABC):
     @abstractmethod
     def list_releases(self, scenario: str) -> list[Release]:
         """The chain, oldest (seq 0) first."""
+
+    @abstractmethod
+    def head_release(self, scenario: str) -> Release:
+        """The release the scenario serves now."""
+
+    @abstractmethod
+    def publish_release(self, release: Release) -> Release:
+        """Append `release` to its scenario's chain and make it the head, if and only if the
+        head is still `release.parent_id` (compare-and-swap, atomic across processes).
+
+        Returns the stored release: its `seq` is the parent's + 1 and its `created_at` the
+        time of publishing, whatever the argument said. HeadMoved (nothing written) when the
+        head is another release; NotFound for an unknown scenario; BadRequest without a
+        parent or with an unknown `operation`; Conflict when the release id is taken.
+        """
+
+    # candidates ----------------------------------------------------------------
+    @abstractmethod
+    def add_candidate(self, candidate: Candidate) -> Candidate:
+        """Store a new candidate; Conflict if its id exists, NotFound if its scenario or its
+        parent release (in that scenario) does not."""
+
+    @abstractmethod
+    def get_candidate(self, scenario: str, candidate_id: str) -> Candidate: ...
+
+    @abstractmethod
+    def list_candidates(self, scenario: str, status: str | None = None) -> list[Candidate]:
+        """The scenario's candidates (only those in `status`, if given), newest first."""
+
+    @abstractmethod
+    def set_candidate_status(
+        self,
+        scenario: str,
+        candidate_id: str,
+        status: str,
+        *,
+        expected: str | None = None,
+        message: str | None = None,
+        model_uri: str | None = None,
+        gate: dict[str, Any] | None = None,
+    ) -> Candidate:
+        """Move a candidate to `status` and stamp `updated_at`; `message`, `model_uri` and
+        `gate` replace the stored values when given (None leaves them).
+
+        With `expected`, a compare-and-swap: Conflict (code "candidate_status") unless the
+        stored status is `expected`, so two workers cannot both act on one candidate.
+        """

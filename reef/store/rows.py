@@ -11,7 +11,7 @@ from sqlalchemy import Engine, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from reef.errors import BadRequest, StoreError
-from reef.records import Record, Release, Report, Scenario
+from reef.records import Candidate, Record, Release, Report, Scenario
 from reef.store import tables
 from reef.store.connect import describe_error
 
@@ -137,15 +137,24 @@ def scenario_of(row: Row[Any]) -> Scenario:
     )
 
 
+# A release's and a candidate's fields are their tables' columns, one for one.
+RELEASE_FIELDS = tuple(f.name for f in dataclasses.fields(Release))
+CANDIDATE_FIELDS = tuple(f.name for f in dataclasses.fields(Candidate))
+
+
+def release_row(r: Release) -> dict[str, Any]:
+    return {name: getattr(r, name) for name in RELEASE_FIELDS}
+
+
 def release_of(row: Row[Any]) -> Release:
     m = row._mapping
-    return Release(
-        id=m["id"],
-        scenario=m["scenario"],
-        seq=m["seq"],
-        parent_id=m["parent_id"],
-        kind=m["kind"],
-        created_at=m["created_at"],
-        uri=m["uri"],
-        metadata=m["metadata"],
-    )
+    return Release(**{name: m[name] for name in RELEASE_FIELDS})
+
+
+def candidate_row(c: Candidate) -> dict[str, Any]:
+    return {name: getattr(c, name) for name in CANDIDATE_FIELDS}
+
+
+def candidate_of(row: Row[Any]) -> Candidate:
+    m = row._mapping
+    return Candidate(**{name: m[name] for name in CANDIDATE_FIELDS})

@@ -115,6 +115,57 @@ class ReleaseRow(SQLModel, table=True):
     meta: dict[str, Any] = Field(
         default_factory=dict, sa_column=Column("metadata", Json, nullable=False)
     )
+    # Server defaults: what rows from before these columns read as, and what an insert by a
+    # Reef that predates them (a replica not yet upgraded) writes.
+    operation: str = Field(
+        sa_column=Column("operation", String, nullable=False, server_default="creation")
+    )
+    content_hash: str | None = Field(default=None, sa_column=Column("content_hash", String))
+    recipe: str | None = Field(default=None, sa_column=Column("recipe", String))
+    dataset_id: str | None = Field(default=None, sa_column=Column("dataset_id", String))
+    metrics: dict[str, Any] = Field(
+        default_factory=dict,
+        sa_column=Column("metrics", Json, nullable=False, server_default=text("'{}'")),
+    )
+    gate: dict[str, Any] = Field(
+        default_factory=dict,
+        sa_column=Column("gate", Json, nullable=False, server_default=text("'{}'")),
+    )
+    model_uri: str | None = Field(default=None, sa_column=Column("model_uri", Text))
+
+
+class CandidateRow(SQLModel, table=True):
+    """A trained artifact awaiting (or past) the gate; its id is the release id it takes."""
+
+    __tablename__ = "candidates"
+    __table_args__ = (Index("ix_candidates_scenario_status", "scenario", "status"),)
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    scenario: str = _scenario_fk("fk_candidates_scenario")
+    parent_id: str = Field(
+        sa_column=Column(
+            "parent_id",
+            Key,
+            ForeignKey("releases.id", name="fk_candidates_parent"),
+            nullable=False,
+        )
+    )
+    kind: str = Field(sa_column=Column("kind", String, nullable=False))
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    status: str = Field(sa_column=Column("status", String, nullable=False))
+    uri: str | None = Field(default=None, sa_column=Column("uri", Text))
+    content_hash: str | None = Field(default=None, sa_column=Column("content_hash", String))
+    recipe: str | None = Field(default=None, sa_column=Column("recipe", String))
+    dataset_id: str | None = Field(default=None, sa_column=Column("dataset_id", String))
+    metrics: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column("metrics", Json, nullable=False)
+    )
+    gate: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column("gate", Json, nullable=False)
+    )
+    model_uri: str | None = Field(default=None, sa_column=Column("model_uri", Text))
+    updated_at: datetime = Field(sa_column=Column("updated_at", UTCDateTime, nullable=False))
+    message: str | None = Field(default=None, sa_column=Column("message", Text))
 
 
 class RecordRow(SQLModel, table=True):
@@ -222,3 +273,4 @@ releases: Table = SQLModel.metadata.tables["releases"]
 records: Table = SQLModel.metadata.tables["records"]
 reports: Table = SQLModel.metadata.tables["reports"]
 consumptions: Table = SQLModel.metadata.tables["consumptions"]
+candidates: Table = SQLModel.metadata.tables["candidates"]

@@ -1,4 +1,4 @@
-"""Experience fixtures: a store per test (SQLite and Postgres), releases appended by SQL, a
+"""Experience fixtures: a store per test (SQLite and Postgres), releases published on it, a
 real S3 protocol server (moto_server) on loopback."""
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import update
 
 from reef.records import Record, Release, Report, new_id, utcnow
-from reef.store import tables
 from reef.store.sql import SQLStore
 from tests.reefserver import free_port
 
@@ -26,37 +24,19 @@ _seq = itertools.count()
 
 
 def append_release(store: SQLStore, scenario: str) -> Release:
-    """Append a release to the chain and make it the head, by SQL (the release API comes with
-    the next issue)."""
-    chain = store.list_releases(scenario)
-    head = chain[-1]
-    rel = Release(
-        id=new_id("rel"),
-        scenario=scenario,
-        seq=head.seq + 1,
-        parent_id=head.id,
-        kind="adapter",
-        created_at=utcnow(),
+    """Publish a trained adapter on top of the scenario's head (the store numbers it)."""
+    head = store.head_release(scenario)
+    return store.publish_release(
+        Release(
+            id=new_id("rel"),
+            scenario=scenario,
+            seq=head.seq + 1,
+            parent_id=head.id,
+            kind="adapter",
+            created_at=utcnow(),
+            operation="training",
+        )
     )
-    with store.engine.begin() as conn:
-        conn.execute(
-            tables.releases.insert().values(
-                id=rel.id,
-                scenario=scenario,
-                seq=rel.seq,
-                parent_id=rel.parent_id,
-                kind=rel.kind,
-                created_at=rel.created_at,
-                uri=None,
-                metadata={},
-            )
-        )
-        conn.execute(
-            update(tables.scenarios)
-            .where(tables.scenarios.c.name == scenario)
-            .values(head_release_id=rel.id)
-        )
-    return rel
 
 
 def record(scenario: str, release_id: str, **fields: Any) -> Record:

@@ -25,6 +25,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "records",
         "reports",
         "consumptions",
+        "candidates",
     }
     for table in (
         tables.scenarios,
@@ -32,6 +33,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         tables.records,
         tables.reports,
         tables.consumptions,
+        tables.candidates,
     ):
         columns = {c["name"] for c in inspect(store.engine).get_columns(table.name)}
         assert columns == set(table.columns.keys()), table.name
