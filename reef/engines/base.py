@@ -5,12 +5,16 @@ and from it), so one interface serves the embedded transformers engine and any u
 OpenAI-compatible server. Besides the OpenAI response, an engine hands back what a recipe
 needs later and the wire format may not carry: the exact prompt and completion token ids and
 the log-prob of every sampled token, when the engine has them.
+
+An engine that can also serve several releases at once and change them without a restart
+implements `Deployable` as well; callers check with `isinstance(engine, Deployable)`.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -68,4 +72,53 @@ class Engine(Protocol):
 
     async def aclose(self) -> None:
         """Release threads, connections and memory."""
+        ...
+
+
+@runtime_checkable
+class Deployable(Protocol):
+    """An engine that serves releases side by side and loads or unloads them while serving.
+
+    Each loaded release (a variant) answers to its own name, listed by `models()` after the base
+    model id, so a request whose `model` names it is served by it. A request's variant is fixed
+    when it is submitted: loads and unloads never change what a request in flight runs on. All
+    methods are called from the API's event loop.
+    """
+
+    def variants(self) -> list[str]:
+        """Names of the loaded variants, in load order (without the base model id)."""
+        ...
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        """Serve the PEFT LoRA adapter in directory `path` (adapter_config.json and
+        adapter_model.safetensors) as `name`.
+
+        Never reloads in place: Conflict (code "adapter_exists") when `name` is taken.
+        BadRequest when the directory is not an adapter for the base model; serving is then
+        as before.
+        """
+        ...
+
+    async def load_weights(self, name: str, path: Path) -> None:
+        """Serve the full checkpoint in Hugging Face model directory `path` as `name`.
+
+        Conflict (code "model_exists") when `name` is taken; BadRequest unless its parameter
+        names, shapes and dtypes are the base model's (checked before anything is served).
+        """
+        ...
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name` and free it: it leaves `models()` at once, requests already
+        submitted on it finish on it, and this returns when the last of them is done.
+
+        NotFound (UnknownModel) when nothing of that name is loaded; BadRequest for the base.
+        """
+        ...
+
+    async def verify(self, name: str) -> dict[str, Any]:
+        """A smoke generation on `name`: a few greedy tokens of a fixed short chat prompt.
+
+        Returns at least {"tokens": int, "seconds": float, "text": str}. EngineError when the
+        generation fails or the logits are not finite.
+        """
         ...

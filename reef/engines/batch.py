@@ -11,6 +11,7 @@ are trimmed), which is what lets requests enter and exit between decode steps.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -33,9 +34,12 @@ class Batch:
 
     @classmethod
     def prefill(
-        cls, model: torch.nn.Module, prompts: list[list[int]], pad_id: int
+        cls, model: torch.nn.Module, prompts: list[list[int]], pad_id: int, **forward: Any
     ) -> tuple[Batch, torch.Tensor]:
-        """Run the prompts through the model together; return the batch and next-token logits."""
+        """Run the prompts through the model together; return the batch and next-token logits.
+
+        `forward` goes to the model's forward as is (PEFT's `adapter_names`, one per row).
+        """
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -50,11 +54,12 @@ class Batch:
             cache=DynamicCache(),
             use_cache=True,
             logits_to_keep=1,  # the prompt's other positions need no vocabulary projection
+            **forward,
         )
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         return cls(out.cache, mask, lengths), out.logits[:, -1, :]
 
-    def step(self, model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    def step(self, model: torch.nn.Module, tokens: list[int], **forward: Any) -> torch.Tensor:
         """Feed each row its newest token; return next-token logits [rows, vocab]."""
         mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long)], dim=1)
         out = model(
@@ -63,6 +68,7 @@ class Batch:
             position_ids=self.lengths.unsqueeze(1),
             cache=self.cache,
             use_cache=True,
+            **forward,
         )
         # The cache grows in place layer by layer: after a failed pass the batch is unusable,
         # and the caller drops it with every row it held.

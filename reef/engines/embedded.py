@@ -6,16 +6,27 @@ merged into the running batch), drops finished and cancelled rows, and advances 
 one token per forward pass. Each token travels back to its request's event loop at once, so
 streams are real token streams. Everything a recipe needs later (exact prompt and completion
 token ids, the raw log-prob of every sampled token) is captured on the way.
+
+The engine serves several releases at once (hot deploy): LoRA adapters on the base model and
+full fine-tuned checkpoints, each under its own model name. A request's variant is fixed when it
+is submitted. Rows are grouped by the weights they read: the base model and all its adapters
+share one batch (PEFT's mixed-adapter forward, `adapter_names`), each full checkpoint has its own
+batch, and every group advances one token per scheduler round. Loading and unloading are control
+messages the scheduler runs between decode steps, never during a forward pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+import warnings
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,11 +39,24 @@ from reef.engines.detokenize import Detokenizer, TokenText
 from reef.engines.prompt import ChatRenderer
 from reef.engines.response import ResponseBuilder, TokenEvent
 from reef.engines.sampling import Sampled, SamplingParams, sample_rows
-from reef.errors import BadRequest, ConfigError, EngineError, EngineUnavailable, ReefError
+from reef.errors import (
+    BadRequest,
+    ConfigError,
+    Conflict,
+    EngineError,
+    EngineUnavailable,
+    ReefError,
+    UnknownModel,
+)
 
 log = logging.getLogger(__name__)
 
 _STOP = object()  # queued by aclose(): the scheduler fails what is left and exits
+BASE_ADAPTER = "__base__"  # PEFT's adapter name for rows of a mixed batch that take no adapter
+_MIXED = "__mixed__"  # LoRA layers enabled, each row's adapter named in the forward call
+# verify() decodes a few greedy tokens of this prompt on a freshly loaded variant.
+VERIFY_MESSAGES = [{"role": "user", "content": "Say hello."}]
+VERIFY_TOKENS = 8
 
 
 @dataclass
@@ -51,6 +75,19 @@ class EngineStats:
     active: int = 0  # admitted and not yet done
 
 
+@dataclass(eq=False)
+class _Variant:
+    """A model the engine answers to: the base, a LoRA adapter on it, or a full checkpoint.
+
+    `weights` is the model whose parameters a forward pass reads: the base model for the base
+    and every adapter (which then share a batch), a model of its own for a checkpoint.
+    """
+
+    name: str
+    weights: torch.nn.Module
+    adapter: str | None = None  # the PEFT adapter's key inside the base model
+
+
 class _Request:
     """One request in flight. Fields below the line belong to the scheduler thread."""
 
@@ -60,10 +97,15 @@ class _Request:
         params: SamplingParams,
         loop: asyncio.AbstractEventLoop,
         detok: Detokenizer,
+        variant: _Variant,
+        *,
+        check_finite: bool = False,
     ):
         self.prompt_ids = prompt_ids
         self.params = params
         self.loop = loop
+        self.variant = variant  # fixed at submission: loads and unloads do not move a request
+        self.check_finite = check_finite  # fail the request on NaN/inf logits (verify)
         self.events: asyncio.Queue[TokenEvent | ReefError] = asyncio.Queue()
         self.submitted = time.monotonic()
         self.cancelled = False  # set by the consumer's side when it goes away
@@ -94,6 +136,23 @@ class _Request:
         }
 
 
+@dataclass(frozen=True)
+class _Control:
+    """Work for the scheduler thread between decode steps; `done` carries its result back."""
+
+    run: Callable[[], Any]
+    done: Future[Any]
+
+
+class _Group:
+    """Rows that read the same weights, decoded together in one batch."""
+
+    def __init__(self, weights: torch.nn.Module):
+        self.weights = weights
+        self.batch: Batch | None = None
+        self.rows: list[_Request] = []
+
+
 class EmbeddedEngine:
     """Serves OpenAI chat completions from a local Hugging Face model directory."""
 
@@ -117,19 +176,31 @@ class EmbeddedEngine:
         self.threads = threads
         self.stats = EngineStats()
         self.max_context = 0
-        self._model: Any = None
+        self._model: Any = None  # the base model, never wrapped: adapters go in `_peft`
         self._tokenizer: Any = None
         self._renderer: ChatRenderer | None = None
         self._token_text: TokenText | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self._pad_id = 0
+        self._linear_shapes: dict[str, tuple[int, int]] = {}  # base Linear -> (in, out) features
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        # ---- event loop side: what a request's `model` may name
+        self._base: _Variant | None = None
+        self._variants: dict[str, _Variant] = {}  # loaded variants, in load order
+        self._reserved: set[str] = set()  # names being loaded
+        self._adapter_keys = 0  # PEFT keys are ours ("a1", "a2"...): release names may hold dots
+        # ---- scheduler thread
+        self._peft: Any = None  # PeftModel around `_model` while an adapter is loaded
+        self._lora_mode: str | None = None  # what its LoRA layers apply now (see _lora_layers)
+        self._groups: dict[torch.nn.Module, _Group] = {}
+        self._waiting: deque[_Request] = deque()  # taken off the queue, not yet admitted
+        self._retiring: list[tuple[_Variant, Future[None]]] = []  # unloaded, maybe still in use
 
     # ---- Engine protocol (event loop side)
 
     def models(self) -> list[str]:
-        return [self.model_id]
+        return [self.model_id, *self._variants]
 
     async def start(self) -> None:
         if self._thread is not None:
@@ -146,16 +217,7 @@ class EmbeddedEngine:
         return self._model is not None and self._thread is not None and self._thread.is_alive()
 
     async def complete(self, body: dict[str, Any]) -> Completion:
-        req = self._submit(body)
-        builder = self._builder(body, req)
-        try:
-            while True:
-                event = await self._next(req)
-                builder.add(event)
-                if event.finish_reason:
-                    return builder.completion(req.timings())
-        finally:
-            self._release(req)
+        return await self._complete(body, self._submit(body))
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
         req = self._submit(body)
@@ -186,9 +248,111 @@ class EmbeddedEngine:
         if thread is not None:
             self._queue.put(_STOP)
             await asyncio.to_thread(thread.join)
-        self._model = None
+            self._fail_queued()  # anything queued after the scheduler's last look
+        self._model = self._peft = self._base = None
+        self._variants.clear()
 
-    # ---- request intake
+    # ---- Deployable (event loop side)
+
+    def variants(self) -> list[str]:
+        """Names of the loaded adapters and checkpoints, in load order (not the base model)."""
+        return list(self._variants)
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        """Serve the PEFT LoRA adapter in directory `path` (as `save_pretrained` writes it) as
+        model `name`. Conflict (adapter_exists) when the name is taken; BadRequest when the
+        directory is not an adapter for this base model, and then nothing has changed."""
+        self._reserve(name, "adapter_exists")
+        try:
+            config, weights = await asyncio.to_thread(self._read_adapter, Path(path))
+            self._adapter_keys += 1
+            key = f"a{self._adapter_keys}"
+            try:
+                await self._call(lambda: self._attach_adapter(key, config, weights))
+            except asyncio.CancelledError:
+                # The scheduler attaches it all the same; queued after that, this takes it off.
+                self._queue.put(_Control(lambda: self._detach_adapter(key), Future()))
+                raise
+            assert self._model is not None
+            self._variants[name] = _Variant(name, self._model, adapter=key)
+        finally:
+            self._reserved.discard(name)
+        log.info("embedded engine: serving adapter %s from %s", name, path)
+
+    async def load_weights(self, name: str, path: Path) -> None:
+        """Serve the full checkpoint in directory `path` (a Hugging Face model directory of the
+        base model's architecture) as model `name`. Conflict (model_exists) when the name is
+        taken; BadRequest unless its tensor names, shapes and dtypes are the base model's.
+
+        The checkpoint becomes a model object of its own (as much memory as the base), read and
+        warmed up on a worker thread; no weights in use change, so serving goes on meanwhile.
+        """
+        self._reserve(name, "model_exists")
+        try:
+            model = await asyncio.to_thread(self._read_checkpoint, Path(path))
+            self._variants[name] = _Variant(name, model)
+        finally:
+            self._reserved.discard(name)
+        log.info("embedded engine: serving checkpoint %s from %s", name, path)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving variant `name` and free it.
+
+        The name leaves `models()` at once, so no new request can choose it; requests already
+        submitted on it run to their end, and this returns once the last of them is done and
+        its weights are gone.
+        """
+        if name == self.model_id:
+            raise BadRequest(
+                f"'{name}' is the base model, which cannot be unloaded", code="base_model"
+            )
+        variant = self._variants.pop(name, None)
+        if variant is None:
+            raise UnknownModel(f"no adapter or checkpoint named '{name}' is loaded")
+        freed: Future[None] = Future()
+        await self._call(lambda: self._retiring.append((variant, freed)))
+        await asyncio.wrap_future(freed)
+        log.info("embedded engine: unloaded %s", name)
+
+    async def verify(self, name: str) -> dict[str, Any]:
+        """Decode a few greedy tokens of a fixed chat prompt on model `name`, through the same
+        scheduler as any request. EngineError when that fails or a logit is not finite."""
+        body = {
+            "model": name,
+            "messages": VERIFY_MESSAGES,
+            "temperature": 0,
+            "max_tokens": VERIFY_TOKENS,
+        }
+        started = time.monotonic()
+        done = await self._complete(body, self._submit(body, check_finite=True))
+        tokens = len(done.completion_token_ids or [])
+        if not tokens:
+            raise EngineError(f"verifying '{name}': the model produced no token")
+        choice = done.response["choices"][0]
+        return {
+            "model": name,
+            "tokens": tokens,
+            "seconds": round(time.monotonic() - started, 4),
+            "text": choice["message"]["content"],
+            "finish_reason": choice["finish_reason"],
+        }
+
+    def _reserve(self, name: str, code: str) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise BadRequest("a model name must be a non-empty string", param="name")
+        if name == self.model_id or name in self._variants or name in self._reserved:
+            raise Conflict(f"a model named '{name}' is already loaded", code=code)
+        self._reserved.add(name)
+
+    async def _call(self, run: Callable[[], Any]) -> Any:
+        """Run `run` on the scheduler thread between decode steps and return its result."""
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineUnavailable("the embedded engine is not running")
+        done: Future[Any] = Future()
+        self._queue.put(_Control(run, done))
+        return await asyncio.wrap_future(done)
+
+    # ---- loading (worker threads)
 
     def _load(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -221,10 +385,16 @@ class EmbeddedEngine:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 2048)
         with torch.inference_mode():  # warm-up: the first request should not pay for allocation
             Batch.prefill(model, [[self._pad_id]], self._pad_id)
+        self._linear_shapes = {
+            name: (m.in_features, m.out_features)
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear)
+        }
         self._tokenizer = tokenizer
         self._renderer = ChatRenderer(tokenizer)
         self._token_text = TokenText(tokenizer)
         self._model = model
+        self._base = _Variant(self.model_id, model)
         log.info(
             "embedded engine loaded %s (%s) in %.1f s: context %d, batch %d, %d threads",
             self.model_id,
@@ -235,10 +405,90 @@ class EmbeddedEngine:
             torch.get_num_threads(),
         )
 
-    def _submit(self, body: dict[str, Any]) -> _Request:
+    def _read_adapter(self, path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
+        """Read a LoRA adapter directory and check its tensors against the base model's layers."""
+        from peft import LoraConfig, PeftConfig, load_peft_weights
+
+        def bad(why: str) -> BadRequest:
+            return BadRequest(f"adapter {path}: {why}", code="invalid_adapter", param="path")
+
+        if not (path / "adapter_config.json").is_file():
+            raise bad("no adapter_config.json")
+        if not any(
+            (path / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")
+        ):
+            raise bad("no adapter_model.safetensors")
+        try:
+            config = PeftConfig.from_pretrained(str(path))
+            weights = load_peft_weights(str(path), device="cpu")
+        except Exception as exc:  # peft and safetensors raise many kinds on a broken directory
+            raise bad(f"cannot be read: {exc}") from exc
+        if not isinstance(config, LoraConfig):
+            raise bad(f"a {config.peft_type} adapter; only LoRA is served")
+        if config.bias != "none":  # it trained the base model's biases, which all rows share
+            raise bad(f"trains biases (bias={config.bias!r}); only bias='none' can be served")
+        if not weights:
+            raise bad("holds no tensors")
+        # lora_A is [rank, in features] and lora_B [out features, rank] of the layer it adapts;
+        # PEFT's own load would say the same later, but only after changing the model.
+        for key, tensor in weights.items():
+            module, _, leaf = key.removeprefix("base_model.model.").rpartition(".lora_")
+            if leaf not in ("A.weight", "B.weight"):
+                continue  # embeddings, DoRA magnitudes...: PEFT's load checks those
+            if module not in self._linear_shapes:
+                raise bad(f"adapts '{module}', which the base model {self.model_id} lacks")
+            features_in, features_out = self._linear_shapes[module]
+            want = features_in if leaf == "A.weight" else features_out
+            got = tensor.shape[1] if leaf == "A.weight" else tensor.shape[0]
+            if tensor.dim() != 2 or got != want:
+                raise bad(
+                    f"{key} has shape {list(tensor.shape)}, but the base model's '{module}' "
+                    f"maps {features_in} to {features_out} features"
+                )
+        return config, weights
+
+    def _read_checkpoint(self, path: Path) -> torch.nn.Module:
+        """Load a full checkpoint whose tensors are the base model's in name, shape and dtype."""
+        from transformers import AutoModelForCausalLM
+
+        def bad(why: str) -> BadRequest:
+            return BadRequest(f"checkpoint {path}: {why}", code="invalid_checkpoint", param="path")
+
+        if not (path / "config.json").is_file():
+            raise bad("no config.json")
+        try:
+            model_type = json.loads((path / "config.json").read_text()).get("model_type")
+            theirs = _tensor_specs(path)
+        except (OSError, ValueError) as exc:
+            raise bad(f"cannot be read: {exc}") from exc
+        if model_type != self._model.config.model_type:
+            raise bad(f"a {model_type} model; the base model is {self._model.config.model_type}")
+        if not theirs:
+            raise bad("no .safetensors weights")
+        ours = _tensor_specs(self.model_dir)
+        differences = [
+            f"{name}: {theirs.get(name, 'missing')} where the base has {ours.get(name, 'none')}"
+            for name in sorted(ours.keys() | theirs.keys())
+            if theirs.get(name) != ours.get(name)
+        ]
+        if differences:
+            more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+            raise bad("tensors differ from the base model's: " + "; ".join(differences[:3]) + more)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            with torch.inference_mode():  # warm-up, as for the base model
+                Batch.prefill(model, [[self._pad_id]], self._pad_id)
+        except Exception as exc:
+            raise bad(f"cannot be loaded: {exc}") from exc
+        return model
+
+    # ---- request intake
+
+    def _submit(self, body: dict[str, Any], *, check_finite: bool = False) -> _Request:
         """Validate, render and queue; every BadRequest is raised here, before anything is queued."""
         if self._renderer is None or self._thread is None or not self._thread.is_alive():
             raise EngineUnavailable("the embedded engine is not running")
+        variant = self._variant(body.get("model"))
         params = SamplingParams.from_body(body)
         prompt_ids = self._renderer.prompt_ids(body)
         room = self.max_context - len(prompt_ids)
@@ -260,13 +510,39 @@ class EmbeddedEngine:
         if params.max_tokens is None:
             params = replace(params, max_tokens=min(self.default_max_tokens, room))
         detok = Detokenizer(self._tokenizer, params.stop)
-        req = _Request(prompt_ids, params, asyncio.get_running_loop(), detok)
+        loop = asyncio.get_running_loop()
+        req = _Request(prompt_ids, params, loop, detok, variant, check_finite=check_finite)
         self._queue.put(req)
         return req
 
+    def _variant(self, name: str | None) -> _Variant:
+        """The variant a request's `model` names; the base model when it names none."""
+        assert self._base is not None
+        if name is None or name == self.model_id:
+            return self._base
+        variant = self._variants.get(name)
+        if variant is None:  # unloaded after the API resolved the name
+            known = ", ".join(self.models())
+            raise UnknownModel(
+                f"The model '{name}' does not exist on this server; available: {known}",
+                param="model",
+            )
+        return variant
+
+    async def _complete(self, body: dict[str, Any], req: _Request) -> Completion:
+        builder = self._builder(body, req)
+        try:
+            while True:
+                event = await self._next(req)
+                builder.add(event)
+                if event.finish_reason:
+                    return builder.completion(req.timings())
+        finally:
+            self._release(req)
+
     def _builder(self, body: dict[str, Any], req: _Request) -> ResponseBuilder:
         return ResponseBuilder(
-            model=self.model_id,
+            model=req.variant.name,
             prompt_ids=req.prompt_ids,
             logprobs=req.params.logprobs,
             return_token_ids=bool(body.get("return_token_ids")),
@@ -291,63 +567,135 @@ class EmbeddedEngine:
 
     def _run(self) -> None:
         with torch.inference_mode():
-            batch: Batch | None = None
-            rows: list[_Request] = []
             while True:
-                new, stopping = self._admit(block=not rows, room=self.max_batch_size - len(rows))
-                if stopping:
-                    self._shutdown(rows + new)
+                busy = bool(self._groups or self._waiting)
+                if not self._take(block=not busy):
+                    self._shutdown()
                     return
+                new: list[_Request] = []
                 try:
-                    batch, rows = self._drop_cancelled(batch, rows)
-                    if new:
-                        joined = self._prefill(new)
-                        if joined is not None:
-                            batch = joined[0] if batch is None else batch.merge(joined[0])
-                            rows = rows + joined[1]
-                    if rows and batch is not None:
-                        batch, rows = self._decode(batch, rows)
+                    for group in self._groups.values():
+                        self._drop_cancelled(group)
+                    new = self._admit()
+                    self._join(new)
+                    # Round-robin over the groups: one forward pass each per round.
+                    for group in list(self._groups.values()):
+                        if group.rows:
+                            self._decode(group)
+                    self._groups = {w: g for w, g in self._groups.items() if g.rows}
                 except Exception as exc:  # a bug of ours, not the model's: keep serving
                     log.exception("embedded engine scheduler error")
-                    for r in rows + new:
+                    for r in [r for g in self._groups.values() for r in g.rows] + new:
                         self._fail(r, EngineError(f"embedded engine error: {exc}"))
-                    batch, rows = None, []
+                    self._groups = {}
+                self._retire()
 
-    def _admit(self, *, block: bool, room: int) -> tuple[list[_Request], bool]:
-        """Take queued requests while there is room; block only when nothing is running."""
-        new: list[_Request] = []
-        while len(new) < room:
+    def _take(self, *, block: bool) -> bool:
+        """Move queued requests to the waiting line and run queued control messages; block
+        only when there is nothing else to do. False when the engine is stopping."""
+        while True:
             try:
-                item = self._queue.get(block=block and not new)
+                item = self._queue.get(block=block)
             except queue.Empty:
-                break
+                return True
+            block = False
             if item is _STOP:
-                return new, True
-            if item.cancelled:
-                self._drop(item)
-                continue
-            new.append(item)
-        return new, False
+                return False
+            if isinstance(item, _Control):
+                self._control(item)
+            else:
+                self._waiting.append(item)
 
-    def _drop_cancelled(
-        self, batch: Batch | None, rows: list[_Request]
-    ) -> tuple[Batch | None, list[_Request]]:
-        keep = [i for i, r in enumerate(rows) if not r.cancelled]
-        if len(keep) == len(rows) or batch is None:
-            return batch, rows
-        for r in rows:
+    def _control(self, item: _Control) -> None:
+        # Runs even when its caller was cancelled meanwhile: an unload must still retire, and
+        # a cancelled load queued its own undoing behind it.
+        try:
+            result = item.run()
+        except Exception as exc:
+            _settle(item.done, error=exc)
+        else:
+            _settle(item.done, result)
+        self._retire()  # an unload of something idle completes at once
+
+    def _admit(self) -> list[_Request]:
+        """Take waiting requests while there is room in the batch."""
+        room = self.max_batch_size - sum(len(g.rows) for g in self._groups.values())
+        new: list[_Request] = []
+        while self._waiting and len(new) < room:
+            r = self._waiting.popleft()
             if r.cancelled:
                 self._drop(r)
-        return batch.select(keep), [rows[i] for i in keep]
+            else:
+                new.append(r)
+        return new
 
-    def _prefill(self, new: list[_Request]) -> tuple[Batch, list[_Request]] | None:
+    def _join(self, new: list[_Request]) -> None:
+        """Prefill new requests, one forward pass per group, and merge them into their group."""
+        by_weights: dict[torch.nn.Module, list[_Request]] = {}
+        for r in new:
+            by_weights.setdefault(r.variant.weights, []).append(r)
+        for weights, rows in by_weights.items():
+            joined = self._prefill(weights, rows)
+            if joined is None:
+                continue
+            group = self._groups.setdefault(weights, _Group(weights))
+            batch, kept = joined
+            group.batch = batch if group.batch is None else group.batch.merge(batch)
+            group.rows = group.rows + kept
+
+    def _drop_cancelled(self, group: _Group) -> None:
+        keep = [i for i, r in enumerate(group.rows) if not r.cancelled]
+        if len(keep) == len(group.rows) or group.batch is None:
+            return
+        for r in group.rows:
+            if r.cancelled:
+                self._drop(r)
+        group.batch, group.rows = group.batch.select(keep), [group.rows[i] for i in keep]
+
+    def _forward(
+        self, weights: torch.nn.Module, rows: list[_Request]
+    ) -> tuple[torch.nn.Module, dict[str, Any]]:
+        """What to call for a forward pass over `rows`, and the extra arguments it takes.
+
+        With adapters loaded the base model's layers carry LoRA weights. Rows of several kinds
+        (adapters, or adapters and plain base rows) go through the PEFT wrapper, which applies
+        each row's own adapter; PEFT then hooks every LoRA layer for that one pass, which costs
+        a few milliseconds, so a pass whose rows are all of one kind instead sets the layers
+        for that kind (only when it changes) and calls the model as it is.
+        """
+        if weights is not self._model or self._peft is None:
+            return weights, {}
+        names = [r.variant.adapter or BASE_ADAPTER for r in rows]
+        if len(set(names)) == 1:
+            self._lora_layers(names[0])
+            return weights, {}
+        self._lora_layers(_MIXED)
+        return self._peft, {"adapter_names": names}
+
+    def _lora_layers(self, mode: str) -> None:
+        """Set what the LoRA layers apply: nothing (BASE_ADAPTER), one adapter, or per row."""
+        if mode == self._lora_mode:
+            return
+        tuner = self._peft.base_model
+        if mode == BASE_ADAPTER:
+            tuner.disable_adapter_layers()
+        else:
+            tuner.enable_adapter_layers()
+            if mode != _MIXED:
+                self._peft.set_adapter(mode, inference_mode=True)
+        self._lora_mode = mode
+
+    def _prefill(
+        self, weights: torch.nn.Module, new: list[_Request]
+    ) -> tuple[Batch, list[_Request]] | None:
         now = time.monotonic()
         for r in new:
             r.admitted = now
         self.stats.requests += len(new)
         self.stats.active += len(new)
         try:
-            batch, logits = Batch.prefill(self._model, [r.prompt_ids for r in new], self._pad_id)
+            model, extra = self._forward(weights, new)
+            batch, logits = Batch.prefill(model, [r.prompt_ids for r in new], self._pad_id, **extra)
             self.stats.prefills += 1
             self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in new)
             self.stats.max_batch = max(self.stats.max_batch, len(new))
@@ -364,9 +712,12 @@ class EmbeddedEngine:
             batch = selected
         return batch, [new[i] for i in keep]
 
-    def _decode(self, batch: Batch, rows: list[_Request]) -> tuple[Batch | None, list[_Request]]:
+    def _decode(self, group: _Group) -> None:
+        rows, batch = group.rows, group.batch
+        assert batch is not None
         try:
-            logits = batch.step(self._model, [r.last_token for r in rows])
+            model, extra = self._forward(group.weights, rows)
+            logits = batch.step(model, [r.last_token for r in rows], **extra)
             self.stats.steps += 1
             self.stats.max_batch = max(self.stats.max_batch, len(rows))
             keep = self._advance(rows, logits)
@@ -375,10 +726,10 @@ class EmbeddedEngine:
             log.exception("embedded engine: decode step over %d rows failed", len(rows))
             for r in rows:
                 self._fail(r, EngineError(f"the model failed while generating: {exc}"))
-            return None, []
-        if len(keep) == len(rows):
-            return batch, rows
-        return batch.select(keep), [rows[i] for i in keep]
+            group.batch, group.rows = None, []
+            return
+        if len(keep) < len(rows):
+            group.batch, group.rows = batch.select(keep), [rows[i] for i in keep]
 
     def _advance(self, rows: list[_Request], logits: torch.Tensor) -> list[int]:
         """Sample each row's next token, send it, and return the indices of rows still running."""
@@ -388,6 +739,9 @@ class EmbeddedEngine:
         for i, (r, pick) in enumerate(zip(rows, picks, strict=True)):
             if r.cancelled:
                 self._drop(r)
+                continue
+            if r.check_finite and not bool(torch.isfinite(logits[i]).all()):
+                self._fail(r, EngineError(f"model '{r.variant.name}' produced non-finite logits"))
                 continue
             r.generated += 1
             r.last_token = pick.token_id
@@ -442,13 +796,122 @@ class EmbeddedEngine:
         self.stats.failed += 1
         r.post(exc)
 
-    def _shutdown(self, rows: list[_Request]) -> None:
+    def _shutdown(self) -> None:
+        for r in [r for g in self._groups.values() for r in g.rows] + list(self._waiting):
+            self._fail(r, EngineUnavailable("the embedded engine is shutting down"))
+        self._groups, self._waiting = {}, deque()
+        for _, freed in self._retiring:
+            _settle(freed, error=EngineUnavailable("the embedded engine is shutting down"))
+        self._retiring = []
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                break
-            if item is not _STOP:
-                rows.append(item)
-        for r in rows:
-            self._fail(r, EngineUnavailable("the embedded engine is shutting down"))
+                return
+            if isinstance(item, _Control):
+                _settle(item.done, error=EngineUnavailable("the embedded engine is shutting down"))
+            elif item is not _STOP:
+                self._fail(item, EngineUnavailable("the embedded engine is shutting down"))
+
+    # ---- variants (scheduler thread, between decode steps)
+
+    def _attach_adapter(self, key: str, config: Any, weights: dict[str, torch.Tensor]) -> None:
+        """Add a LoRA adapter to the base model under `key`; on failure leave it as it was."""
+        from peft import PeftModel, set_peft_model_state_dict
+
+        self._lora_mode = None  # adding an adapter may change which one is active
+        try:
+            if self._peft is None:
+                with warnings.catch_warnings():
+                    # PEFT reads transformers' deprecated `is_gradient_checkpointing`.
+                    warnings.simplefilter("ignore", FutureWarning)
+                    self._peft = PeftModel(self._model, config, adapter_name=key)
+            else:
+                self._peft.add_adapter(key, config)
+            loaded: Any = set_peft_model_state_dict(self._peft, weights, adapter_name=key)
+            missing = [k for k in loaded.missing_keys if f".{key}." in k]
+            if loaded.unexpected_keys or missing:
+                raise ValueError(
+                    f"tensors it lacks: {missing[:3]}, tensors the model has no place for: "
+                    f"{loaded.unexpected_keys[:3]}"
+                )
+            self._peft.eval()  # new LoRA layers start in training mode (dropout)
+        except Exception as exc:
+            self._detach_adapter(key)
+            raise BadRequest(
+                f"the adapter does not fit the base model {self.model_id}: {exc}",
+                code="invalid_adapter",
+                param="path",
+            ) from exc
+
+    def _detach_adapter(self, key: str) -> None:
+        """Remove adapter `key`; with the last one gone the base model is plain again."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        peft = self._peft
+        self._lora_mode = None
+        others = [k for k in peft.peft_config if k != key] if peft is not None else []
+        if not others:
+            if peft is not None:
+                peft.unload()  # puts the base layers back in place of the LoRA ones
+            else:  # PeftModel() failed halfway: some layers may be wrapped already
+                for name, module in list(self._model.named_modules()):
+                    if isinstance(module, BaseTunerLayer):
+                        parent, _, child = name.rpartition(".")
+                        setattr(self._model.get_submodule(parent), child, module.get_base_layer())
+            self._peft = None
+            return
+        if key in peft.active_adapters:  # PEFT would warn and pick another
+            peft.set_adapter(others[0], inference_mode=True)
+        if key in peft.peft_config:
+            peft.delete_adapter(key)
+        for module in peft.modules():  # a failed add_adapter may have wrapped some layers
+            if isinstance(module, BaseTunerLayer):
+                module.delete_adapter(key)
+
+    def _retire(self) -> None:
+        """Free unloaded variants no request uses any more, and tell their unload() so."""
+        if not self._retiring:
+            return
+        busy = {id(r.variant) for g in self._groups.values() for r in g.rows}
+        busy.update(id(r.variant) for r in self._waiting)
+        still = []
+        for variant, freed in self._retiring:
+            if id(variant) in busy:
+                still.append((variant, freed))
+                continue
+            try:
+                if variant.adapter is not None:
+                    self._detach_adapter(variant.adapter)
+                _settle(freed)  # a checkpoint goes with the last reference to it
+            except Exception as exc:
+                log.exception("embedded engine: unloading %s failed", variant.name)
+                _settle(freed, error=EngineError(f"unloading '{variant.name}' failed: {exc}"))
+        self._retiring = still
+
+
+def _settle(done: Future[Any], result: Any = None, error: Exception | None = None) -> None:
+    """Hand a result to the event loop waiting on `done`; nobody waits when it was cancelled."""
+    if not done.set_running_or_notify_cancel():
+        return
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)
+
+
+def _tensor_specs(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Name -> (dtype, shape) of every tensor in a directory's safetensors files, read from
+    their headers without loading a tensor."""
+    from safetensors import safe_open
+
+    specs: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+                tensor = f.get_slice(name)
+                specs[name] = (tensor.get_dtype(), tuple(tensor.get_shape()))
+    return specs
