@@ -129,4 +129,4 @@ def materialize_experience(
 
 def _recipe_for(kind: str) -> str:
     # the first built-in recipe that takes this kind: its consumption receipts count
-    return next((r for r in ("sft", "dpo", "grpo", "harness") if kind_for(r) == kind), "sft")
+    return next((r for r in ("sft", "dpo", "sao", "harness") if kind_for(r) == kind), "sft")

@@ -71,6 +71,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("score", pa.float64(), nullable=False),
             # report_id: the report that counted.
             pa.field("report_id", pa.string(), nullable=False),
+            # feedback: that report's feedback as JSON text (a string or an object); null if none.
+            pa.field("feedback", pa.string(), nullable=True),
         ]
     ),
     "preference": pa.schema(
@@ -181,6 +183,7 @@ def row(sample: Sample, scenario: str) -> dict[str, Any]:
             "completion": sample.completion,
             "score": sample.score,
             "report_id": sample.report_id,
+            "feedback": sample.feedback,
         }
     elif isinstance(sample, PreferenceSample):
         out |= {

@@ -65,8 +65,8 @@ RECIPE_KINDS: dict[str, Kind] = {
     "sft": "scored",
     "kto": "scored",
     "dpo": "preference",
-    "sao": "preference",
-    "grpo": "rollout",
+    "sao": "rollout",
+    "grpo": "scored",
     "harness": "trajectory",
 }
 
@@ -113,6 +113,9 @@ class ScoredSample:
     report_id: str
     report_ids: tuple[str, ...]
     n_tokens: int | None
+    # The counting report's feedback as canonical JSON text (a structured object may carry a
+    # corrected answer under "correction", which SFT trains on instead of the completion).
+    feedback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -473,6 +476,7 @@ def _build(
             messages=tuple(prompt_messages(last)),
             completion=completion_text(last),
             n_tokens=_n_tokens(last),
+            feedback=None if report.feedback is None else dumps(report.feedback),
         )
     if kind == "rollout":
         prompt, completion, mask, logprobs = _flatten(records)

@@ -17,9 +17,10 @@ from pydantic_settings import (
 )
 
 from reef.errors import ConfigError
+from reef.recipe import RECIPES
 
-# Recipes by short name; anything else must be a dotted path `pkg.module:Class`.
-RECIPE_NAMES = frozenset({"sft", "kto", "dpo", "sao", "grpo", "harness"})
+# Recipes by short name (reef.recipe.RECIPES); anything else must be a dotted path.
+RECIPE_NAMES = frozenset(RECIPES)
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
@@ -130,6 +131,24 @@ class LoopSettings(_Section):
     recipe: str = "sft"
     batch_size: int = Field(32, ge=1)
     max_staleness: int = Field(0, ge=0, description="releases behind the head a sample may be")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the recipe's hyper-parameters, overriding its defaults"
+    )
+    auto: bool = Field(
+        True, description="start the evolve flow when a scenario has batch_size eligible samples"
+    )
+    engine_url: str | None = Field(
+        None,
+        description="admin URL of the serving engine that deploys go to; default: this server",
+    )
+    engine_token: SecretStr | None = Field(
+        None,
+        description="admin token deploys send to engine_url (reef serve makes one for its worker)",
+    )
+    schedule_s: float | None = Field(
+        None, gt=0, description="also check every scenario for a ready batch this often"
+    )
+    seed: int = 0
 
     @field_validator("recipe")
     @classmethod
@@ -138,6 +157,38 @@ class LoopSettings(_Section):
             names = ", ".join(sorted(RECIPE_NAMES))
             raise ValueError(f"recipe must be one of {names} or a dotted path pkg.module:Class")
         return v
+
+
+class GateSettings(_Section):
+    """When a candidate may replace the head (reef.gate)."""
+
+    policy: Literal["always", "improve", "manual"] = "improve"
+    margin: float = Field(0.0, description="improve: least mean improvement per eval sample")
+    confidence: float = Field(0.9, gt=0.5, lt=1.0, description="improve: paired test confidence")
+    test: Literal["bootstrap", "sign"] = "bootstrap"
+    bootstrap_samples: int = Field(2000, ge=100)
+    holdout: float = Field(
+        0.25, ge=0.0, lt=1.0, description="fraction of a batch held out to evaluate on"
+    )
+    eval_dataset: Path | None = Field(
+        None, description="JSONL of {messages, ...} tasks scored by `scorer` instead of held-out"
+    )
+    scorer: str | None = Field(
+        None, description="pkg.module:function scoring answers to eval_dataset; default: recipe's"
+    )
+    max_tokens: int = Field(64, ge=1, description="eval_dataset: tokens generated per answer")
+    approval_timeout_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="manual: how long a pending candidate waits"
+    )
+
+
+class TrackingSettings(_Section):
+    uri: str | None = Field(
+        None, description="MLflow tracking URI; default: sqlite:///<state_dir>/mlflow.db"
+    )
+    artifact_location: str | None = Field(
+        None, description="where MLflow stores run artifacts; default: <artifacts url>/mlflow"
+    )
 
 
 class Settings(BaseSettings):
@@ -150,11 +201,35 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     auth: AuthSettings = AuthSettings()
     reef: LoopSettings = LoopSettings()
+    gate: GateSettings = GateSettings()
     artifacts: ArtifactSettings = ArtifactSettings()
+    tracking: TrackingSettings = TrackingSettings()
 
     @property
     def artifacts_url(self) -> str:
         return self.artifacts.url or str(self.server.state_dir / "artifacts")
+
+    @property
+    def tracking_uri(self) -> str:
+        if self.tracking.uri:
+            return self.tracking.uri
+        return f"sqlite:///{(self.server.state_dir / 'mlflow.db').resolve()}"
+
+    @property
+    def mlflow_artifact_location(self) -> str:
+        if self.tracking.artifact_location:
+            return self.tracking.artifact_location
+        base = self.artifacts_url
+        if "://" in base:
+            return base.rstrip("/") + "/mlflow"
+        return (Path(base) / "mlflow").resolve().as_uri()
+
+    @property
+    def engine_url(self) -> str:
+        if self.reef.engine_url:
+            return self.reef.engine_url.rstrip("/")
+        host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::") else self.server.host
+        return f"http://{host}:{self.server.port}"
 
     @property
     def database_url(self) -> str:

@@ -1,0 +1,166 @@
+"""Evaluation: score a model (the head or a candidate) sample by sample on the same evaluation
+set, so the gate can compare the two pairwise.
+
+Two ways, chosen by what the scenario has:
+
+- replay (default): held-out reported samples. A sample's value is the model's mean per-token
+  log-prob of the answer it should give, signed by the report: + for an answer scored at or
+  above the recipe's threshold (or a correction from structured feedback, which is the answer
+  the user wanted), − for one scored below. A model that moved towards what users rewarded and
+  away from what they did not scores higher. Cheap (one forward pass per sample), deterministic,
+  and needs no verifier.
+- tasks: prompts with a scorer (a verifier `(completions, **columns) -> list[float]`): the model
+  answers each prompt greedily and the scorer scores the answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reef.recipe import Scorer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    """One evaluation item: the prompt and, for replay, the answer with its sign."""
+
+    sample_id: str
+    messages: list[dict[str, Any]]
+    answer: str | None = None  # replay: the recorded answer or the user's correction
+    sign: float = 0.0  # replay: +1 rewarded / corrected, -1 not
+    columns: dict[str, Any] | None = None  # tasks: extra columns the scorer gets
+
+
+def load_model(base_model: Path, kind: str, path: Path | None) -> tuple[Any, Any]:
+    """A release's model for evaluation: the base, base + adapter, or a checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    model: Any
+    if kind == "checkpoint":
+        assert path is not None
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+        if kind == "adapter":
+            from peft import PeftModel
+
+            assert path is not None
+            model = PeftModel.from_pretrained(model, path)
+    model.eval()
+    return model, tokenizer
+
+
+def correction(feedback: str | None) -> str | None:
+    """The corrected answer a structured feedback object carries under "correction"."""
+    if not feedback:
+        return None
+    try:
+        value = json.loads(feedback)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("correction"), str):
+        return value["correction"] or None
+    return None
+
+
+def replay_samples(rows: Sequence[dict[str, Any]], threshold: float) -> list[EvalSample]:
+    """Held-out "scored" rows as replay samples (rows of other kinds are skipped)."""
+    out = []
+    for row in rows:
+        if "completion" not in row or "score" not in row:
+            continue
+        fixed = correction(row.get("feedback"))
+        answer, sign = (fixed, 1.0) if fixed else (row["completion"], 0.0)
+        if not fixed:
+            sign = 1.0 if row["score"] >= threshold else -1.0
+        out.append(EvalSample(row["sample_id"], json.loads(row["messages"]), answer, sign))
+    return out
+
+
+def task_samples(path: Path) -> list[EvalSample]:
+    """A JSONL task set: each line {"messages": [...], ...other columns for the scorer}."""
+    out = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        messages = item.pop("messages")
+        out.append(EvalSample(str(item.pop("id", i)), messages, columns=item))
+    return out
+
+
+@torch.inference_mode()
+def answer_logprob(
+    model: Any, tokenizer: Any, messages: list[dict[str, Any]], answer: str
+) -> float:
+    """Mean log-prob per token of `answer` as the assistant's reply to `messages`."""
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    full = prompt + answer + (tokenizer.eos_token or "")
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+    n = len(ids) - len(p_ids)
+    if n <= 0:
+        return 0.0
+    logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    target = torch.tensor(ids[1:])
+    token_lp = logp.gather(1, target.unsqueeze(1)).squeeze(1)[-n:]
+    return float(token_lp.mean())
+
+
+def replay_scores(model: Any, tokenizer: Any, samples: Sequence[EvalSample]) -> list[float]:
+    """Per sample: sign × (mean log-prob of its answer − the model's center).
+
+    With both rewarded and unrewarded answers held out, the center is the midpoint of the two
+    groups' mean log-probs, so a candidate that merely made every answer likelier (training on
+    anything does that) gains nothing, whatever the balance of the groups: the paired
+    difference averages to (gain on rewarded − gain on unrewarded) / 2. With one group only,
+    the center is 0 and a gain on the wanted answers is the improvement.
+    """
+    lps = []
+    for s in samples:
+        assert s.answer is not None
+        lps.append(answer_logprob(model, tokenizer, s.messages, s.answer))
+    pos = [lp for lp, s in zip(lps, samples, strict=True) if s.sign > 0]
+    neg = [lp for lp, s in zip(lps, samples, strict=True) if s.sign < 0]
+    center = (sum(pos) / len(pos) + sum(neg) / len(neg)) / 2 if pos and neg else 0.0
+    return [s.sign * (lp - center) for lp, s in zip(lps, samples, strict=True)]
+
+
+@torch.inference_mode()
+def generate(model: Any, tokenizer: Any, messages: list[dict[str, Any]], max_tokens: int) -> str:
+    """A greedy answer (what the gate compares: no sampling noise between the two models)."""
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
+    out = model.generate(
+        **ids,
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+    )
+    return str(tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
+
+
+def task_scores(
+    model: Any, tokenizer: Any, samples: Sequence[EvalSample], scorer: Scorer, max_tokens: int
+) -> tuple[list[float], list[str]]:
+    """Per sample: the scorer's score of the model's greedy answer; also the answers."""
+    answers = [generate(model, tokenizer, s.messages, max_tokens) for s in samples]
+    columns: dict[str, list[Any]] = {"prompts": [s.messages for s in samples]}
+    for key in sorted({k for s in samples for k in (s.columns or {})}):
+        columns[key] = [(s.columns or {}).get(key) for s in samples]
+    scores = [float(x) for x in scorer(answers, **columns)]
+    if len(scores) != len(samples) or not all(math.isfinite(x) for x in scores):
+        raise ValueError(f"the scorer must return one finite float per answer, got {scores!r}")
+    return scores, answers

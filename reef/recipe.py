@@ -1,0 +1,219 @@
+"""The recipe interface: what a learning method declares (experience kind, report contract,
+hyper-parameters, scorer), how it trains a candidate, and how one is chosen by name.
+
+A recipe is a small class in `recipes/` (or any importable module) chosen by `reef.recipe`:
+a short name from RECIPES or a dotted path `pkg.module:Class`. Recipe modules import TRL and
+torch inside `train`, so choosing and validating a recipe stays cheap in the API process.
+Training itself never runs there: the evolve flow runs it in a worker process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+import typing
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from reef.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from reef.experience import Kind
+    from reef.records import Report
+
+# Short names of the built-in recipes: one literal dict, no registry magic.
+RECIPES: dict[str, str] = {
+    "sft": "recipes.sft:SFTRecipe",
+    "kto": "recipes.kto:KTORecipe",
+    "dpo": "recipes.dpo:DPORecipe",
+    "sao": "recipes.sao.recipe:SAORecipe",
+    "grpo": "recipes.grpo:GRPORecipe",
+}
+
+# A scorer (reward function) as TRL takes them: completions plus the dataset's other columns
+# as keyword arguments (prompts, answers, ...), one float per completion.
+Scorer = Callable[..., list[float]]
+
+# Progress callback a recipe calls as it trains: (step, total_steps, metrics so far).
+Progress = Callable[[int, int, Mapping[str, float]], None]
+
+ReleaseKind = Literal["adapter", "checkpoint"]
+
+
+@dataclass(frozen=True)
+class ReportContract:
+    """What the reports a recipe learns from must carry; `check` says why one does not."""
+
+    score: bool = True  # the counted report has a score
+    score_range: tuple[float, float] | None = None  # inclusive bounds when the score matters
+    single_receipt: bool = False  # the report quotes exactly one receipt (one rollout)
+    feedback_keys: tuple[str, ...] = ()  # keys a structured feedback object may use
+
+    def check(self, report: Report) -> str | None:
+        if self.score and report.score is None:
+            return "the report has no score"
+        if self.score_range is not None and report.score is not None:
+            lo, hi = self.score_range
+            if not lo <= report.score <= hi:
+                return f"score {report.score} is outside [{lo}, {hi}]"
+        if self.single_receipt and len(report.references) != 1:
+            return f"the report quotes {len(report.references)} receipts; this recipe needs one"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything `Recipe.train` needs, on local disk.
+
+    `parent_path` holds the head release's files: an adapter directory (PEFT format) when
+    `parent_kind` is "adapter", a full Hugging Face model directory for "checkpoint", None for
+    the base. A recipe continues from the parent, so releases build on each other.
+    """
+
+    scenario: str
+    base_model: Path
+    dataset: pa.Table  # the validated snapshot's training rows, in its kind's schema
+    out_dir: Path  # write the candidate's files here (adapter or full model dir)
+    parent_kind: Literal["base", "adapter", "checkpoint"] = "base"
+    parent_path: Path | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What training produced: files in `path` and what to log about them."""
+
+    kind: ReleaseKind
+    path: Path
+    metrics: dict[str, float] = field(default_factory=dict)
+    trained_sample_ids: tuple[str, ...] = ()
+
+
+class Recipe(ABC):
+    """A learning method. Subclasses set the class attributes and implement `train`.
+
+    `Params` is a frozen dataclass of hyper-parameters, defaults from the method's paper;
+    `reef.params` in the YAML overrides fields by name (`from_config`).
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[Kind]
+    contract: ClassVar[ReportContract] = ReportContract()
+    Params: ClassVar[type[Any]]
+
+    def __init__(self, params: Any = None):
+        self.params = params if params is not None else self.Params()
+
+    @classmethod
+    def from_config(cls, overrides: Mapping[str, Any] | None = None) -> Recipe:
+        return cls(params_from(cls.Params, overrides or {}, where=f"recipe {cls.name}"))
+
+    @abstractmethod
+    def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
+        """Train a candidate on `job.dataset`, continuing from the parent; write it to
+        `job.out_dir`. Runs in a worker process, never in the API process."""
+
+    def scorer(self) -> Scorer | None:
+        """The function that scores a generated answer on this recipe's task (a verifier), or
+        None: then candidates are compared on held-out reported samples (reef.evaluation)."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "recipe": self.name,
+            "kind": self.kind,
+            "contract": self.contract.describe(),
+            "params": dataclasses.asdict(self.params),
+        }
+
+
+def import_object(path: str, what: str) -> Any:
+    """`pkg.module:attr` -> the attribute; ConfigError naming `what` when it is not there."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{what} '{path}' must be a dotted path pkg.module:Name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{what} '{path}': cannot import {module_name}: {e}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{what} '{path}': {module_name} has no {attr}") from None
+
+
+def recipe_class(name: str) -> type[Recipe]:
+    """The recipe class for a short name or dotted path."""
+    cls = import_object(RECIPES.get(name, name), "recipe")
+    if not (isinstance(cls, type) and issubclass(cls, Recipe)):
+        raise ConfigError(f"recipe '{name}' is not a reef.recipe.Recipe subclass")
+    return cls
+
+
+def load_recipe(name: str, params: Mapping[str, Any] | None = None) -> Recipe:
+    return recipe_class(name).from_config(params)
+
+
+def params_from(cls: type[Any], overrides: Mapping[str, Any], *, where: str) -> Any:
+    """An instance of the dataclass `cls` with `overrides` applied; every unknown key or
+    value of the wrong type is a ConfigError that names it."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(fields)}"
+        )
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in overrides.items():
+        values[key] = _coerce(value, hints[key], f"{where}: parameter '{key}'")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """YAML gives ints for floats and lists for tuples; accept those, refuse the rest."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: {value!r} is not a {hint}")
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(hint)}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {value!r} is not a list")
+        return tuple(value) if origin is tuple else list(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(hint, type) and not isinstance(value, hint):
+        raise ConfigError(f"{where}: {value!r} is not a {hint.__name__}")
+    if isinstance(value, bool) and hint is int:
+        raise ConfigError(f"{where}: {value!r} is not an int")
+    return value
+
+
+def release_content_files(path: Path) -> list[Path]:
+    """The files of a candidate or release directory, in a stable order."""
+    return sorted(p for p in path.rglob("*") if p.is_file())
