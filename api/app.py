@@ -17,24 +17,49 @@ from starlette.types import Scope
 import reef
 from api import errors
 from api.auth import Authenticator
+from api.evolver import Evolver
 from api.metrics import Metrics, MetricsMiddleware
 from api.readiness_metrics import ReadinessCollector
-from api.routes import anthropic, experience, health, openai
+from api.routes import anthropic, engine_admin, experience, health, openai, releases
 from api.routes import reef as reef_routes
 from api.services import Services
-from reef.engines.base import Engine
+from reef.artifacts import open_artifacts
+from reef.engines.base import Deployable, Engine
 from reef.serving import Serving
 from reef.settings import Settings
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
 from reef.store.sql import open_store
-from reef.wire import AnthropicMessagesRequest, ChatCompletionRequest, ReportIn, ScenarioIn
+from reef.variants import Variants
+from reef.wire import (
+    AnthropicMessagesRequest,
+    ChatCompletionRequest,
+    LoadAdapterIn,
+    LoadWeightsIn,
+    RefreshIn,
+    ReleaseRef,
+    ReportIn,
+    ScenarioIn,
+    UnloadAdapterIn,
+    VariantIn,
+)
 
 log = logging.getLogger("reef.api")
 
 # Bodies the routes read themselves (size cap, strict validation, pass-through of unknown
 # fields); listed here so the OpenAPI spec still describes them.
-_REQUEST_MODELS = (ChatCompletionRequest, AnthropicMessagesRequest, ReportIn, ScenarioIn)
+_REQUEST_MODELS = (
+    ChatCompletionRequest,
+    AnthropicMessagesRequest,
+    ReportIn,
+    ScenarioIn,
+    ReleaseRef,
+    LoadAdapterIn,
+    UnloadAdapterIn,
+    LoadWeightsIn,
+    VariantIn,
+    RefreshIn,
+)
 
 
 class _PlainRoute(Route):
@@ -48,10 +73,24 @@ class _PlainRoute(Route):
         return match, child_scope
 
 
-def create_app(settings: Settings, engine: Engine, store: Store | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine: Engine,
+    store: Store | None = None,
+    evolver: Evolver | None = None,
+    engine_token: str | None = None,
+) -> FastAPI:
     """Build the app. The engine is constructed (not started) by the caller; the lifespan
-    migrates the store, starts the group committer and starts the engine."""
+    migrates the store, starts the group committer, the engine and the evolve worker."""
     store = store or open_store(settings.database_url)
+    variants = None
+    if isinstance(engine, Deployable):
+        artifacts = open_artifacts(
+            settings.artifacts_url,
+            endpoint_url=settings.artifacts.s3_endpoint_url,
+            region=settings.artifacts.s3_region,
+        )
+        variants = Variants(engine, store, artifacts, settings.server.state_dir / "cache")
     committer = GroupCommitter(
         store, window_ms=settings.store.commit_window_ms, max_batch=settings.store.commit_max_batch
     )
@@ -61,9 +100,17 @@ def create_app(settings: Settings, engine: Engine, store: Store | None = None) -
         engine=engine,
         store=store,
         committer=committer,
-        serving=Serving(engine, store, committer, max_tokens_cap=settings.server.max_tokens_cap),
-        auth=Authenticator(settings.auth.tokens),
+        serving=Serving(
+            engine,
+            store,
+            committer,
+            max_tokens_cap=settings.server.max_tokens_cap,
+            variants=variants,
+        ),
+        auth=Authenticator(settings.auth.tokens, engine_token),
         metrics=metrics,
+        variants=variants,
+        evolver=evolver,
     )
 
     @asynccontextmanager
@@ -71,6 +118,8 @@ def create_app(settings: Settings, engine: Engine, store: Store | None = None) -
         await asyncio.to_thread(store.migrate)
         await committer.start()
         await engine.start()
+        if evolver is not None:
+            evolver.start()
         # Everything loaded so far (framework, engine, model) lives as long as the process:
         # move it out of the collector's sight. Measured: full collections scanning it were
         # the 75 ms p99 at 16 connections (10 ms frozen), and cost ~15% of throughput.
@@ -79,6 +128,8 @@ def create_app(settings: Settings, engine: Engine, store: Store | None = None) -
         try:
             yield
         finally:
+            if evolver is not None:
+                await asyncio.to_thread(evolver.stop)
             await committer.aclose()  # flush what is pending before anything goes away
             await engine.aclose()
             store.close()
@@ -104,6 +155,8 @@ def create_app(settings: Settings, engine: Engine, store: Store | None = None) -
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(reef_routes.router)
+    app.include_router(releases.router)
+    app.include_router(engine_admin.router)
     app.include_router(experience.router)
     app.include_router(health.router)
     # The inference routes also go in front as plain Starlette routes: the same endpoint

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,16 @@ def serve(args: argparse.Namespace) -> int:
     )
     settings.server.state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
-    app = create_app(settings, engine)
+    evolver, engine_token = None, None
+    if settings.reef.auto and settings.engine.kind == "embedded":
+        from api.auth import new_token
+        from api.evolver import Evolver
+
+        # The worker's deploys come back to this server's admin routes with this token; it
+        # lives as long as the process and is handed over in the worker's environment only.
+        engine_token = new_token() if settings.auth.tokens else None
+        evolver = Evolver(args.config, _overrides(args), engine_token, settings.server.state_dir)
+    app = create_app(settings, engine, evolver=evolver, engine_token=engine_token)
     url = f"http://{settings.server.host}:{settings.server.port}"
     print(
         f"reef: serving {engine.kind} engine on {url}/v1 (state in {settings.server.state_dir})",
@@ -140,6 +150,55 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def evolve(args: argparse.Namespace) -> int:
+    """Run the evolve flow for a scenario now (or submit a deployment run to a Prefect server)."""
+    from flows.worker import run_once
+
+    overrides = _overrides(args)
+    settings = load_settings(args.config, **overrides)
+    config = str(args.config) if args.config else None
+    if args.force:
+        from flows.evolve import evolve as flow
+
+        result = flow(args.scenario, config=config, overrides=overrides, force=True)
+    else:
+        result = run_once(settings, args.scenario, config, overrides)
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result.get("status") not in ("failed",) else 1
+
+
+def _admin_call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    import httpx
+
+    settings = load_settings(args.config, **_overrides(args))
+    url = (args.url or settings.engine_url).rstrip("/")
+    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
+    r = httpx.request(method, url + path, json=body, headers=headers, timeout=600)
+    data = r.json() if r.content else {}
+    if r.status_code >= 400:
+        message = data.get("error", {}).get("message", r.text) if isinstance(data, dict) else r.text
+        raise ReefError(f"{r.status_code}: {message}")
+    return data
+
+
+def releases(args: argparse.Namespace) -> int:
+    data = _admin_call(args, "GET", f"/reef/scenarios/{args.scenario}/releases")["data"]
+    for r in data:
+        mark = "*" if r["current"] else " "
+        print(
+            f"{mark} {r['seq']:>4} {r['release_id']}  {r['operation']:<9} {r['kind']:<10} "
+            f"{r['created_at'][:19]}  {r['model_uri'] or ''}"
+        )
+    return 0
+
+
+def move_head(args: argparse.Namespace) -> int:
+    body = {"release_id": args.release_id}
+    r = _admin_call(args, "POST", f"/reef/scenarios/{args.scenario}/{args.command}", body)
+    print(f"reef: {args.command}: release {r['release_id']} (seq {r['seq']}) is the head")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reef", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -174,6 +233,30 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=export)
+
+    v = sub.add_parser("evolve", help="evolve a scenario now from its eligible experience")
+    v.add_argument("--scenario", required=True)
+    v.add_argument("-c", "--config", type=Path, help="YAML settings file (as for reef serve)")
+    v.add_argument("--state-dir", type=Path, help="state directory (default ./.reef)")
+    v.add_argument("--model", help="the served model (smollm2, tiny or a directory)")
+    v.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
+    v.add_argument("--port", type=int, help="port of the reef serve to deploy to")
+    v.add_argument("--force", action="store_true", help="run locally even below batch_size")
+    v.set_defaults(func=evolve)
+
+    for name, what in (
+        ("releases", "list a scenario's releases, newest first (* = head)"),
+        ("rollback", "republish an earlier release as the head"),
+        ("promote", "publish a pending candidate as the head"),
+    ):
+        r = sub.add_parser(name, help=what)
+        r.add_argument("--scenario", required=True)
+        if name != "releases":
+            r.add_argument("--release-id", required=True)
+        r.add_argument("-c", "--config", type=Path, help="YAML settings file")
+        r.add_argument("--url", help="the reef server (default: from the settings)")
+        r.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
+        r.set_defaults(func=releases if name == "releases" else move_head)
 
     o = sub.add_parser("openapi", help="print the HTTP API's OpenAPI spec")
     o.add_argument("-o", "--output", help="write to this file instead of stdout")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from api.auth import Authenticator, Principal
+from api.evolver import Evolver
 from api.metrics import Metrics
 from reef.engines.base import Engine
 from reef.errors import BadRequest
@@ -15,6 +16,7 @@ from reef.serving import Serving
 from reef.settings import Settings
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
+from reef.variants import Variants
 from reef.wire import SCENARIO_PATTERN
 
 _SCENARIO = re.compile(SCENARIO_PATTERN)
@@ -29,6 +31,8 @@ class Services:
     serving: Serving
     auth: Authenticator
     metrics: Metrics
+    variants: Variants | None = None  # None: the engine cannot load releases
+    evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
 
 
 def services(request: Request) -> Services:

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 from reef.errors import ConfigError, NotFound, StoreError
+
+MANIFEST = ".manifest.json"
+
+
+def tree_hash(path: Path) -> str:
+    """sha256 over a directory's files (relative paths and contents): equal trees, equal hash."""
+    h = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and p.name != MANIFEST):
+        h.update(file.relative_to(path).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(file.read_bytes()).digest())
+    return h.hexdigest()
 
 
 class ArtifactStore(ABC):
@@ -28,6 +42,52 @@ class ArtifactStore(ABC):
     @abstractmethod
     def uri(self, key: str) -> str:
         """Where `key` lives, as a file:// or s3:// uri."""
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> list[str]:
+        """Keys under `prefix` + "/", sorted."""
+
+    # trees: a release's files (an adapter or a checkpoint directory) under one prefix -------
+    def put_tree(self, prefix: str, path: Path) -> str:
+        """Copy the files under directory `path` to keys `prefix/<relative path>`. The manifest
+        (`prefix/.manifest.json`, the file list with sha256s) goes last: a tree without one is
+        incomplete and never read. Returns the tree's uri."""
+        manifest = {}
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            rel = file.relative_to(path).as_posix()
+            data = file.read_bytes()
+            manifest[rel] = hashlib.sha256(data).hexdigest()
+            self.put_bytes(f"{prefix}/{rel}", data)
+        self.put_bytes(f"{prefix}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
+        return self.uri(prefix)
+
+    def fetch_tree(self, prefix: str, dest: Path) -> Path:
+        """The tree under `prefix` as a local directory `dest` (checked against its manifest;
+        reused when already complete)."""
+        manifest = json.loads(self.get_bytes(f"{prefix}/{MANIFEST}"))
+        done = dest / MANIFEST
+        if done.is_file() and json.loads(done.read_text()) == manifest:
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+        try:
+            for rel, digest in manifest.items():
+                data = self.get_bytes(f"{prefix}/{rel}")
+                if hashlib.sha256(data).hexdigest() != digest:
+                    raise StoreError(
+                        f"artifact {self.uri(prefix)}/{rel} does not match its manifest"
+                    )
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
+            if dest.exists():  # an incomplete or different copy
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return dest
 
 
 def _check_key(key: str) -> str:
@@ -75,7 +135,23 @@ class LocalArtifacts(ArtifactStore):
         return self._path(key).is_file()
 
     def uri(self, key: str) -> str:
-        return self._path(key).as_uri()
+        return self._path(key).as_uri() if key else self.root.as_uri()
+
+    def fetch_tree(self, prefix: str, dest: Path) -> Path:
+        """Already local: the tree's own directory, once its manifest says it is complete."""
+        if not self.exists(f"{prefix}/{MANIFEST}"):
+            raise NotFound(f"artifact tree '{prefix}' not found (or incomplete) in {self.root}")
+        return self._path(prefix)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return []
+        return sorted(
+            f"{prefix}/{p.relative_to(base).as_posix()}"
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.endswith(".tmp")
+        )
 
 
 class S3Artifacts(ArtifactStore):
@@ -125,6 +201,21 @@ class S3Artifacts(ArtifactStore):
             raise StoreError(f"reading {self.uri(key)} failed: {e}") from None
         except BotoCoreError as e:
             raise StoreError(f"reading {self.uri(key)} failed: {e}") from None
+
+    def list_keys(self, prefix: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        start = self._key(prefix) + "/"
+        keys: list[str] = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=start
+            ):
+                for obj in page.get("Contents", []):
+                    keys.append(f"{prefix}/{obj['Key'][len(start) :]}")
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"listing {self.uri(prefix)} failed: {e}") from None
+        return sorted(keys)
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -21,6 +21,7 @@ from reef.records import Record, Scenario, new_id, utcnow
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
+from reef.variants import Variants
 
 Render = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -78,8 +79,12 @@ class Serving:
         *,
         max_tokens_cap: int,
         scenario_ttl_s: float = 2.0,
+        variants: Variants | None = None,
     ):
         self.engine = engine
+        # Which engine variant serves a scenario's head release (None: the engine cannot
+        # load releases, and every scenario is served by its base model).
+        self.variants = variants
         self.store = store
         self.committer = committer
         self.max_tokens_cap = max_tokens_cap
@@ -106,8 +111,14 @@ class Serving:
     def forget(self, name: str) -> None:
         self._scenarios.pop(name, None)
 
+    def models(self) -> list[str]:
+        """The models a client may name: the engine's, without release variants (a scenario's
+        head picks the variant that serves it, never the client)."""
+        loaded = set(self.variants.loaded()) if self.variants is not None else set()
+        return [m for m in self.engine.models() if m not in loaded]
+
     def resolve_model(self, requested: str) -> str:
-        models = self.engine.models()
+        models = self.models()
         if requested in models:
             return requested
         known = ", ".join(models)
@@ -141,6 +152,12 @@ class Serving:
         Raises IdempotencyKeyReused (409) when the key names a different request body.
         """
         record_id = new_id("rec")
+        if self.variants is not None:
+            # The head's variant, fixed for this call: a deploy that moves the head meanwhile
+            # does not change the weights (or the release id recorded) of a call in flight.
+            variant = await self.variants.model_for(scenario.name, scenario.head_release_id)
+            if variant is not None:
+                engine_body = {**engine_body, "model": variant}
         if idempotency_key is not None:
             stored = await self._take_key(scenario.name, idempotency_key, client_body, record_id)
             if stored is not None:

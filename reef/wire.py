@@ -114,13 +114,82 @@ class ScenarioIn(_Closed):
 
 
 class ReleaseOut(BaseModel):
-    id: str
+    """A release on a scenario's chain; `current` marks the head."""
+
+    release_id: str
+    parent_release_id: str | None
     seq: int
-    parent_id: str | None
+    current: bool
+    kind: str = Field(description="base | adapter | checkpoint | harness")
+    operation: str = Field(description="creation | training | rollback | promote")
+    created_at: datetime
+    model_uri: str | None = Field(None, description="the MLflow model version: models:/...")
+    uri: str | None = Field(None, description="where the release's files are")
+    content_hash: str | None = None
+    recipe: str | None = None
+    dataset_id: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    gate: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class CandidateOut(BaseModel):
+    """A trained candidate: pending review, rejected by the gate, published, or failed."""
+
+    release_id: str = Field(description="the id it takes on the chain when published")
+    parent_release_id: str
+    status: str = Field(description="pending | rejected | published | failed | superseded")
     kind: str
     created_at: datetime
-    uri: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    updated_at: datetime
+    model_uri: str | None = None
+    content_hash: str | None = None
+    recipe: str | None = None
+    dataset_id: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    gate: dict[str, Any] = Field(default_factory=dict)
+    message: str | None = None
+
+
+class ReleaseList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ReleaseOut]
+
+
+class CandidateList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[CandidateOut]
+
+
+class ReleaseRef(BaseModel):
+    """Names a release (rollback) or a pending candidate (promote)."""
+
+    model_config = ConfigDict(extra="forbid")
+    release_id: str = Field(min_length=1, max_length=64)
+
+
+class LoadAdapterIn(BaseModel):
+    """vLLM's /v1/load_lora_adapter body."""
+
+    lora_name: str = Field(min_length=1, max_length=200)
+    lora_path: str = Field(min_length=1, description="a directory or an artifact-store uri")
+
+
+class UnloadAdapterIn(BaseModel):
+    lora_name: str = Field(min_length=1, max_length=200)
+
+
+class LoadWeightsIn(BaseModel):
+    name: str = Field(min_length=1, max_length=200)
+    path: str = Field(min_length=1, description="a checkpoint directory or artifact-store uri")
+
+
+class VariantIn(BaseModel):
+    name: str = Field(min_length=1, max_length=200)
+
+
+class RefreshIn(BaseModel):
+    scenario: str = Field(min_length=1, max_length=64)
 
 
 class ScenarioOut(BaseModel):

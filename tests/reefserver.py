@@ -34,7 +34,9 @@ class ReefServer:
         self.state_dir = state_dir
         self.port = port or free_port()
         self.args = ["serve", "--port", str(self.port), "--state-dir", str(state_dir), *args]
-        self.env = {**os.environ, **(env or {})}
+        # No evolve worker unless a test asks for one (REEF_REEF__AUTO=true): most tests
+        # serve only, and each worker is a Python process with Prefect and torch loaded.
+        self.env = {**os.environ, "REEF_REEF__AUTO": "false", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = state_dir / f"server-{self.port}.log"
 

@@ -101,6 +101,6 @@ async def list_models(request: Request) -> Response:
     now = int(time.time())
     data = [
         {"id": m, "object": "model", "created": now, "owned_by": f"reef:{svc.engine.kind}"}
-        for m in svc.engine.models()
+        for m in svc.serving.models()
     ]
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")

@@ -16,7 +16,6 @@ from reef.records import Record, Report, Scenario, new_id, utcnow
 from reef.wire import (
     RecordList,
     RecordOut,
-    ReleaseOut,
     ReportIn,
     ReportList,
     ReportOut,
@@ -81,13 +80,6 @@ async def delete_scenario(request: Request, scenario: str) -> Response:
     await asyncio.to_thread(svc.store.delete_scenario, name)
     svc.serving.forget(name)
     return Response(status_code=204)
-
-
-@router.get("/scenarios/{scenario}/releases", summary="The scenario's release chain, oldest first")
-async def list_releases(request: Request, scenario: str) -> dict[str, object]:
-    svc, _, name = caller(request, scenario)
-    releases = await asyncio.to_thread(svc.store.list_releases, name)
-    return {"object": "list", "data": [ReleaseOut(**dataclasses.asdict(r)) for r in releases]}
 
 
 @router.get("/scenarios/{scenario}/records", response_model=RecordList)
@@ -159,6 +151,8 @@ async def report(request: Request, response: Response) -> ReportOut:
     stored, created = await asyncio.to_thread(svc.store.add_report, report)
     if created:
         svc.metrics.reports.labels(name).inc()
+        if svc.evolver is not None:
+            svc.evolver.notify(name)
     else:
         response.status_code = 200
     return _report_out(stored, created)

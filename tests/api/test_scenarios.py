@@ -18,8 +18,8 @@ def test_create_get_list_delete(server: ReefServer, scenario: str) -> None:
     names = [s["name"] for s in httpx.get(f"{server.url}/reef/scenarios").json()["data"]]
     assert scenario in names
     releases = httpx.get(f"{server.url}/reef/scenarios/{scenario}/releases").json()["data"]
-    assert [(r["seq"], r["kind"], r["id"]) for r in releases] == [
-        (0, "base", created["head_release_id"])
+    assert [(r["seq"], r["kind"], r["release_id"], r["current"]) for r in releases] == [
+        (0, "base", created["head_release_id"], True)
     ]
 
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -1,0 +1,81 @@
+"""The API side of the automatic trigger: a local evolve worker process (flows.worker) that
+`reef serve` starts and tells about every report, so training never runs in the API process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger("reef.api")
+
+
+class Evolver:
+    """Starts `python -m flows.worker` and writes a scenario name to it per report."""
+
+    def __init__(
+        self,
+        config: Path | None,
+        overrides: dict[str, Any],
+        engine_token: str | None = None,
+        state_dir: Path | None = None,
+    ):
+        self.state_dir = state_dir
+        self.config = config
+        self.overrides = overrides
+        self.engine_token = engine_token
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "flows.worker",
+            "--overrides",
+            json.dumps(self.overrides, default=str),
+        ]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
+        env = dict(os.environ)
+        if self.state_dir is not None:
+            # Without a Prefect server the worker runs Prefect's temporary server on a SQLite
+            # file: its own one beside Reef's state, not ~/.prefect shared by every process.
+            env.setdefault("PREFECT_HOME", str((self.state_dir / "prefect").resolve()))
+        # On a busy 2-core machine the temporary server takes longer than Prefect's 20 s.
+        env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+        if self.engine_token:
+            env["REEF_REEF__ENGINE_TOKEN"] = self.engine_token
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True, env=env)
+        log.info("evolve worker started (pid %d)", self._proc.pid)
+
+    def notify(self, scenario: str) -> None:
+        """A report arrived for `scenario`: the worker checks whether a batch is ready."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        stdin: IO[str] | None = proc.stdin
+        try:
+            assert stdin is not None
+            stdin.write(scenario + "\n")
+            stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            log.warning("evolve worker is gone: %s", e)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin:
+                proc.stdin.close()  # EOF: the worker finishes what it runs and exits
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

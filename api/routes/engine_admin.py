@@ -1,0 +1,88 @@
+"""The engine's admin routes, as deploys drive them: vLLM's LoRA routes plus Reef's own for full
+weights, smoke verification and switching a scenario to its new head. Admin tokens only."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from api.answers import schema_ref
+from api.bodies import read_json, validate
+from api.services import Services, services
+from reef.errors import BadRequest
+from reef.variants import Variants
+from reef.wire import LoadAdapterIn, LoadWeightsIn, RefreshIn, UnloadAdapterIn, VariantIn
+
+router = APIRouter(tags=["engine"])
+
+
+async def _admin(request: Request, what: str) -> tuple[Services, Variants, dict]:
+    svc = services(request)
+    svc.auth.principal(request).require_admin(what)
+    if svc.variants is None:
+        raise BadRequest(
+            f"the {svc.engine.kind} engine cannot load releases", code="not_deployable"
+        )
+    body = await read_json(request, svc.settings.server.max_body_bytes)
+    return svc, svc.variants, body
+
+
+@router.post(
+    "/v1/load_lora_adapter",
+    openapi_extra=schema_ref(LoadAdapterIn),
+    summary="Load a LoRA adapter under a new name (vLLM's route; never reloads in place)",
+)
+async def load_lora_adapter(request: Request) -> dict[str, object]:
+    _, variants, raw = await _admin(request, "loading an adapter")
+    body = validate(LoadAdapterIn, raw)
+    return await variants.load(body.lora_name, "adapter", body.lora_path)
+
+
+@router.post(
+    "/v1/unload_lora_adapter",
+    openapi_extra=schema_ref(UnloadAdapterIn),
+    summary="Unload an adapter (requests already on it finish first)",
+)
+async def unload_lora_adapter(request: Request) -> dict[str, object]:
+    _, variants, raw = await _admin(request, "unloading an adapter")
+    body = validate(UnloadAdapterIn, raw)
+    return {"name": body.lora_name, "unloaded": await variants.unload(body.lora_name)}
+
+
+@router.post(
+    "/reef/engine/weights",
+    openapi_extra=schema_ref(LoadWeightsIn),
+    summary="Load full weights (a checkpoint of the same architecture) under a new name",
+)
+async def load_weights(request: Request) -> dict[str, object]:
+    _, variants, raw = await _admin(request, "loading weights")
+    body = validate(LoadWeightsIn, raw)
+    return await variants.load(body.name, "checkpoint", body.path)
+
+
+@router.post(
+    "/reef/engine/verify",
+    openapi_extra=schema_ref(VariantIn),
+    summary="Smoke-generate on a loaded variant",
+)
+async def verify(request: Request) -> dict[str, object]:
+    _, variants, raw = await _admin(request, "verifying a variant")
+    return await variants.verify(validate(VariantIn, raw).name)
+
+
+@router.post(
+    "/reef/engine/refresh",
+    openapi_extra=schema_ref(RefreshIn),
+    summary="Serve the scenario's head as stored now (after a deploy moved it)",
+)
+async def refresh(request: Request) -> dict[str, object]:
+    svc, _, raw = await _admin(request, "refreshing a scenario")
+    name = validate(RefreshIn, raw).scenario
+    svc.serving.forget(name)
+    return {"scenario": name, "refreshed": True}
+
+
+@router.get("/reef/engine/variants", summary="Variants (releases) the engine holds")
+async def list_variants(request: Request) -> dict[str, object]:
+    svc = services(request)
+    svc.auth.principal(request).require_admin("listing variants")
+    return {"object": "list", "data": svc.variants.loaded() if svc.variants else []}

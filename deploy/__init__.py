@@ -1,0 +1,1 @@
+"""Moving accepted releases into running engines, always verified before the head moves."""

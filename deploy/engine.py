@@ -1,0 +1,94 @@
+"""The engine admin interface as deploys see it: load, verify, unload a release's variant.
+
+Two implementations of one small Protocol: `EngineAdmin` speaks HTTP to a serving process
+(`reef serve` serves vLLM's adapter routes plus a few of its own), so a flow in a worker
+process reaches the engine of the API process; `reef serve` itself deploys in-process through
+the same Protocol (api/).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+
+from reef.errors import ReefError
+
+
+class DeployError(ReefError):
+    """The engine refused or failed a deploy step."""
+
+    status = 502
+    type = "server_error"
+    code = "deploy_failed"
+
+
+class EngineTarget(Protocol):
+    def load(self, name: str, kind: str, source: str) -> dict[str, Any]:
+        """Load `source` (a directory or artifact uri) as variant `name` (never in place)."""
+        ...
+
+    def verify(self, name: str) -> dict[str, Any]:
+        """A smoke generation on the variant; raises when it fails."""
+        ...
+
+    def unload(self, name: str) -> None: ...
+
+    def variants(self) -> list[str]: ...
+
+    def refresh(self, scenario: str) -> None:
+        """Serve the scenario's new head now (drop cached scenario state)."""
+        ...
+
+
+class EngineAdmin:
+    """HTTP client for a serving process's admin routes (admin token when auth is on)."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 300.0):
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            r = self._client.post(path, json=body)
+        except httpx.HTTPError as e:
+            raise DeployError(f"engine at {self.base_url} unreachable: {e}") from None
+        return self._answer(r, path)
+
+    def _answer(self, r: httpx.Response, path: str) -> dict[str, Any]:
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:500]
+            raise DeployError(f"{path} on {self.base_url}: {r.status_code} {message}")
+        try:
+            data = r.json()
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {"data": data}
+
+    def load(self, name: str, kind: str, source: str) -> dict[str, Any]:
+        if kind == "adapter":
+            return self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": source})
+        return self._post("/reef/engine/weights", {"name": name, "path": source})
+
+    def verify(self, name: str) -> dict[str, Any]:
+        return self._post("/reef/engine/verify", {"name": name})
+
+    def unload(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", {"lora_name": name})
+
+    def variants(self) -> list[str]:
+        try:
+            r = self._client.get("/reef/engine/variants")
+        except httpx.HTTPError as e:
+            raise DeployError(f"engine at {self.base_url} unreachable: {e}") from None
+        return list(self._answer(r, "/reef/engine/variants").get("data", []))
+
+    def refresh(self, scenario: str) -> None:
+        self._post("/reef/engine/refresh", {"scenario": scenario})

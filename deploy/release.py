@@ -1,0 +1,86 @@
+"""Deploy a release: stage it in the engine, verify it, then move the head by compare-and-swap.
+
+The head is what a scenario serves, so it moves only after the engine holds the release and a
+smoke generation on it succeeded. If loading or verifying fails, or another publisher moved
+the head first (HeadMoved, 409), the staged variant is unloaded and the head stays where it
+was. Afterwards, variants of the scenario outside the keep window are unloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from deploy.engine import EngineTarget
+from reef.errors import ReefError
+from reef.records import Release
+from reef.store.base import Store
+from reef.variants import variant_name
+
+log = logging.getLogger(__name__)
+
+
+def deploy(
+    store: Store,
+    engine: EngineTarget,
+    release: Release,
+    *,
+    keep: int = 2,
+    mirror: Callable[[Release], Any] | None = None,
+) -> tuple[Release, dict[str, Any]]:
+    """Stage, verify, publish (CAS on `release.parent_id`), mirror, retire; returns the stored
+    release and the timings. `keep`: how many newest releases of the chain stay loaded."""
+    timings: dict[str, Any] = {}
+    name = variant_name(release.scenario, release.id)
+    staged = release.kind != "base"
+    started = time.monotonic()
+    if staged:
+        if not release.uri:
+            raise ReefError(f"release {release.id} has no files to deploy")
+        engine.load(name, release.kind, release.uri)
+        timings["load_s"] = round(time.monotonic() - started, 3)
+        try:
+            timings["verify"] = engine.verify(name)
+        except ReefError:
+            _unstage(engine, name)
+            raise
+    try:
+        published = store.publish_release(release)
+    except ReefError:
+        if staged:
+            _unstage(engine, name)
+        raise
+    engine.refresh(release.scenario)
+    timings["deploy_s"] = round(time.monotonic() - started, 3)
+    if mirror is not None:
+        try:
+            mirror(published)
+        except Exception as e:  # the chain is the truth; the mirror can be redone
+            log.warning("mirroring release %s to MLflow failed: %s", published.id, e)
+            timings["mirror_error"] = str(e)
+    retire(store, engine, release.scenario, keep)
+    return published, timings
+
+
+def retire(store: Store, engine: EngineTarget, scenario: str, keep: int) -> list[str]:
+    """Unload the scenario's variants that are not among its `keep` newest releases."""
+    chain = store.list_releases(scenario)
+    wanted = {variant_name(scenario, r.id) for r in chain[-max(keep, 1) :]}
+    gone = []
+    for name in engine.variants():
+        if name.startswith(f"{scenario}@") and name not in wanted:
+            try:
+                engine.unload(name)
+                gone.append(name)
+            except ReefError as e:
+                log.warning("unloading %s failed: %s", name, e)
+    return gone
+
+
+def _unstage(engine: EngineTarget, name: str) -> None:
+    try:
+        engine.unload(name)
+    except ReefError as e:
+        log.warning("unloading staged %s failed: %s", name, e)

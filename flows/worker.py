@@ -1,0 +1,152 @@
+"""The local evolve worker: a process `reef serve` starts beside the API, so training never
+runs in the API process.
+
+It reads scenario names on stdin (the API writes one per report), coalesces them, and for each
+scenario whose eligible samples reach `batch_size` starts the evolve flow: in this process when
+no Prefect server is configured (Prefect's temporary server starts once, at the first run), or
+as a run of the `evolve/evolve` deployment when PREFECT_API_URL points at a server (a Prefect
+worker of the deployment's work pool then runs it). With `reef.schedule_s` it also checks every
+scenario on that interval.
+
+    python -m flows.worker [--config cfg.yaml] [--overrides JSON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from reef.errors import ReefError
+from reef.settings import Settings, load_settings
+
+log = logging.getLogger("reef.worker")
+
+DEPLOYMENT = "evolve/evolve"
+
+
+def prefect_server() -> str | None:
+    """The Prefect API this process talks to, when one is configured (Prefect's setting)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def ready(settings: Settings, scenario: str, kind: str) -> tuple[bool, int]:
+    from reef.experience import readiness
+    from reef.store.sql import open_store
+
+    store = open_store(settings.database_url)
+    try:
+        r = readiness(store, scenario, settings.reef, kind)
+    finally:
+        store.close()
+    return r.ready, r.eligible
+
+
+def run_once(
+    settings: Settings, scenario: str, config: str | None, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """Evolve `scenario` now: locally, or by submitting a deployment run."""
+    if prefect_server():
+        from prefect.deployments import run_deployment
+
+        run: Any = run_deployment(
+            DEPLOYMENT,
+            parameters={"scenario": scenario, "config": config, "overrides": overrides},
+            timeout=0,  # submit; the deployment's worker runs it
+        )
+        return {"status": "submitted", "flow_run_id": str(run.id)}
+    from flows.evolve import evolve
+
+    return evolve(scenario, config=config, overrides=overrides)
+
+
+def _warmup() -> None:
+    from prefect import flow
+
+    @flow(name="reef-worker-warmup")
+    def warmup() -> None:
+        return None
+
+    warmup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flows.worker", description=__doc__)
+    p.add_argument("--config", help="YAML settings file (as given to reef serve)")
+    p.add_argument("--overrides", default="{}", help="settings from CLI flags, as JSON")
+    args = p.parse_args(argv)
+    overrides = json.loads(args.overrides)
+    settings = load_settings(Path(args.config) if args.config else None, **overrides)
+    logging.basicConfig(
+        level=settings.server.log_level.upper(),
+        format="%(asctime)s %(levelname)s reef.worker: %(message)s",
+    )
+    from reef.recipe import recipe_class
+
+    kind = recipe_class(settings.reef.recipe).kind
+    pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip():
+                pending.put(line.strip())
+        pending.put(None)  # the API process is gone: finish and exit
+
+    threading.Thread(target=read_stdin, name="reef-worker-stdin", daemon=True).start()
+    if not prefect_server():
+        # Prefect's temporary server takes ~14 s to start: pay it now, not after a report.
+        try:
+            _warmup()
+        except Exception as e:  # the first evolve run tries again
+            log.warning("warming up Prefect failed: %s", e)
+    log.info(
+        "evolve worker ready (recipe %s, batch %d)", settings.reef.recipe, settings.reef.batch_size
+    )
+    while True:
+        try:
+            name = pending.get(timeout=settings.reef.schedule_s)
+        except queue.Empty:
+            name = "*"  # the schedule: look at every scenario
+        if name is None:
+            return 0
+        names = {name}
+        while True:  # coalesce a burst of reports into one check per scenario
+            try:
+                more = pending.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                return 0
+            names.add(more)
+        if "*" in names:
+            from reef.store.sql import open_store
+
+            store = open_store(settings.database_url)
+            try:
+                names = {s.name for s in store.list_scenarios()}
+            finally:
+                store.close()
+        for scenario in sorted(names):
+            try:
+                is_ready, eligible = ready(settings, scenario, kind)
+                if not is_ready:
+                    continue
+                log.info("%s: %d eligible samples: evolving", scenario, eligible)
+                result = run_once(settings, scenario, args.config, overrides)
+                log.info("%s: evolve %s", scenario, json.dumps(result, default=str)[:2000])
+                print(json.dumps({"scenario": scenario, **result}, default=str), flush=True)
+            except ReefError as e:
+                log.error("%s: evolve failed: %s", scenario, e.message)
+            except Exception:
+                log.exception("%s: evolve failed", scenario)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

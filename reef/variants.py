@@ -1,0 +1,132 @@
+"""Which engine variant serves a release: its files fetched from the artifact store, loaded
+into the engine under `<scenario>@<release_id>`, verified, and unloaded once outside the keep
+window.
+
+A base release is served by the engine's own model. Any other release is a variant: a LoRA
+adapter or a full checkpoint. Variants are loaded ahead of time by a deploy (the admin routes
+call `load`, then `verify`, before the head moves) or, when a process starts with a trained
+head or another process moved it, on the first call that needs one. A release is immutable, so
+its variant name never changes meaning: nothing is ever reloaded in place under a name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from reef.artifacts import ArtifactStore
+from reef.engines.base import Deployable, Engine
+from reef.errors import BadRequest, EngineError, NotFound
+from reef.records import Release
+from reef.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+def variant_name(scenario: str, release_id: str) -> str:
+    return f"{scenario}@{release_id}"
+
+
+class Variants:
+    """The releases an engine holds, by release id; one load at a time per release."""
+
+    def __init__(self, engine: Engine, store: Store, artifacts: ArtifactStore, cache_dir: Path):
+        self.engine = engine
+        self.store = store
+        self.artifacts = artifacts
+        self.cache_dir = cache_dir
+        self._releases: dict[str, Release] = {}  # release id -> release (immutable: cached)
+        self._loaded: dict[str, str] = {}  # variant name -> release kind
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def deployable(self) -> bool:
+        return isinstance(self.engine, Deployable)
+
+    def loaded(self) -> list[str]:
+        return sorted(self._loaded)
+
+    async def release(self, scenario: str, release_id: str) -> Release:
+        hit = self._releases.get(release_id)
+        if hit is None:
+            hit = await asyncio.to_thread(self.store.get_release, scenario, release_id)
+            self._releases[release_id] = hit
+        return hit
+
+    async def model_for(self, scenario: str, release_id: str) -> str | None:
+        """The engine model name that serves `release_id` (None: the engine's base model),
+        loading the release first when this engine does not hold it yet."""
+        release = await self.release(scenario, release_id)
+        if release.kind == "base":
+            return None
+        name = variant_name(scenario, release_id)
+        if name not in self._loaded:
+            if not release.uri:
+                raise NotFound(f"release {release_id} has no files to load")
+            await self.load(name, release.kind, release.uri)
+        return name
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def load(self, name: str, kind: str, source: str) -> dict[str, Any]:
+        """Load `source` (a local directory or an artifact-store uri) as variant `name`;
+        a name already loaded is left as it is (never reloaded in place)."""
+        async with self._lock(name):
+            if name in self._loaded:
+                return {"name": name, "loaded": False}
+            engine = self.engine
+            if not isinstance(engine, Deployable):
+                raise EngineError(
+                    f"the {engine.kind} engine cannot serve trained releases ({name} is a {kind})",
+                    code="not_deployable",
+                )
+            started = time.monotonic()
+            local = await asyncio.to_thread(self._local, source)
+            if kind == "adapter":
+                await engine.load_adapter(name, local)
+            elif kind == "checkpoint":
+                await engine.load_weights(name, local)
+            else:
+                raise BadRequest(f"{name}: the engine cannot load a {kind}")
+            self._loaded[name] = kind
+            seconds = time.monotonic() - started
+            log.info("loaded %s (%s) in %.2f s", name, kind, seconds)
+            return {"name": name, "loaded": True, "seconds": round(seconds, 3)}
+
+    def local_files(self, source: str) -> Path:
+        """The release files at `source` as a local directory (blocking: call in a thread)."""
+        return self._local(source)
+
+    def _local(self, source: str) -> Path:
+        """A local directory for `source`: fetched from the artifact store when it lives there."""
+        root = self.artifacts.uri("").rstrip("/") + "/"
+        if source.startswith(root):
+            key = source[len(root) :].strip("/")
+            return self.artifacts.fetch_tree(key, self.cache_dir / key)
+        path = Path(source.removeprefix("file://"))
+        if "://" in source and not source.startswith("file://"):
+            raise BadRequest(f"'{source}' is neither a local directory nor in {root}")
+        if not path.is_dir():
+            raise BadRequest(f"'{source}' is not a directory")
+        return path
+
+    async def verify(self, name: str) -> dict[str, Any]:
+        """A smoke generation on a loaded variant."""
+        engine = self.engine
+        if name not in self._loaded or not isinstance(engine, Deployable):
+            raise NotFound(f"no variant '{name}' is loaded")
+        return {"name": name, "verified": True, **await engine.verify(name)}
+
+    async def unload(self, name: str) -> bool:
+        async with self._lock(name):
+            if name not in self._loaded:
+                return False
+            engine = self.engine
+            assert isinstance(engine, Deployable)
+            await engine.unload(name)
+            del self._loaded[name]
+            return True

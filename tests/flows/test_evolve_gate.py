@@ -1,0 +1,93 @@
+"""The evolve flow with the `improve` gate, run in-process against a real `reef serve` (the
+deploy target): a candidate trained on random scores is rejected and leaves the head alone;
+one trained on a consistent preference is accepted, deployed and serves."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.reefserver import ReefServer
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    with ReefServer(tmp_path_factory.mktemp("gate"), "--model", "tiny") as srv:
+        yield srv
+
+
+def _overrides(srv: ReefServer) -> dict:
+    return {
+        "server": {"state_dir": str(srv.state_dir), "port": srv.port},
+        "engine": {"model": "tiny"},
+        "reef": {"recipe": "sft", "batch_size": 24, "params": {"epochs": 4}},
+        "gate": {"policy": "improve", "holdout": 1 / 3, "confidence": 0.95},
+    }
+
+
+def _traffic(srv: ReefServer, scenario: str, report: callable) -> None:  # type: ignore[valid-type]
+    client = openai.OpenAI(
+        base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": scenario}
+    )
+    for i in range(24):
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=[{"role": "user", "content": f"Is {i} a number? Answer yes or no."}],
+            max_tokens=6,
+            temperature=1.0,
+            seed=i,
+        )
+        body = {"references": [raw.headers["x-reef-agent-record-id"]], **report(i)}
+        r = httpx.post(f"{srv.url}/reef/report", json=body, headers={"x-reef-scenario": scenario})
+        assert r.status_code == 201, r.text
+
+
+def _chain(srv: ReefServer, scenario: str) -> list[dict]:
+    return httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"]
+
+
+def test_random_scores_are_rejected(server: ReefServer, prefect_server: None) -> None:
+    from flows.evolve import evolve
+
+    rng = random.Random(7)
+    scores = [1.0] * 12 + [0.0] * 12
+    rng.shuffle(scores)
+    _traffic(server, "noise", lambda i: {"score": scores[i]})
+    before = _chain(server, "noise")
+    result = evolve("noise", overrides=_overrides(server))
+    assert result["status"] == "rejected", result
+    gate = result["gate"]
+    assert gate["status"] == "rejected" and gate["n"] == 8
+    assert gate["ci_low"] is not None and gate["ci_low"] <= 0
+    assert _chain(server, "noise") == before  # the head did not move
+    cands = httpx.get(f"{server.url}/reef/scenarios/noise/candidates").json()["data"]
+    assert [c["status"] for c in cands] == ["rejected"]
+    assert cands[0]["gate"]["reason"] == gate["reason"]
+
+
+def test_consistent_preference_is_accepted(server: ReefServer, prefect_server: None) -> None:
+    from flows.evolve import evolve
+
+    # The user always wanted the answer "yes": every report corrects to it.
+    _traffic(server, "pref", lambda i: {"score": 0.0, "feedback": {"correction": "yes"}})
+    base = _chain(server, "pref")[0]
+    result = evolve("pref", overrides=_overrides(server))
+    assert result["status"] == "published", result
+    gate = result["gate"]
+    assert gate["status"] == "accepted" and gate["mean_diff"] > 0 and gate["ci_low"] > 0
+    chain = _chain(server, "pref")
+    assert chain[0]["release_id"] == result["release_id"] and chain[0]["current"]
+    assert chain[0]["parent_release_id"] == base["release_id"]
+    assert chain[0]["gate"]["status"] == "accepted"
+    # the engine serves it to the next call
+    client = openai.OpenAI(
+        base_url=server.base_url, api_key="none", default_headers={"x-reef-scenario": "pref"}
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "Is 99 a number?"}], max_tokens=3
+    )
+    assert raw.headers["x-reef-release-id"] == result["release_id"]
