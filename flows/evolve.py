@@ -431,7 +431,10 @@ def evolve(
         settings.tracking_uri, f"reef/{scenario}", settings.mlflow_artifact_location
     )
     mlflow.set_tracking_uri(settings.tracking_uri)
-    with mlflow.start_run(experiment_id=experiment, run_name=f"evolve-{recipe.name}") as run:
+    with (
+        registry.s3_endpoint(settings.artifacts.s3_endpoint_url),
+        mlflow.start_run(experiment_id=experiment, run_name=f"evolve-{recipe.name}") as run,
+    ):
         mlflow.log_params(
             {
                 "scenario": scenario,

@@ -273,6 +273,12 @@ class _EnvOverride:
 _s3_endpoint = _EnvOverride("MLFLOW_S3_ENDPOINT_URL")
 
 
+def s3_endpoint(endpoint_url: str | None) -> Any:
+    """A context in which MLflow's own S3 calls (run artifacts, dataset inputs) go to
+    `endpoint_url` (None: MLflow's default, AWS); for code that logs to MLflow directly."""
+    return _s3_endpoint(endpoint_url)
+
+
 def _pyfunc() -> Any:
     """`mlflow.pyfunc`, imported without the UserWarning MLflow 3.17 emits about its own type
     hints while importing it (an error where warnings are errors, as in Reef's tests)."""
