@@ -18,7 +18,6 @@ messages the scheduler runs between decode steps, never during a forward pass.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import queue
 import threading
@@ -39,6 +38,7 @@ from reef.engines.detokenize import Detokenizer, TokenText
 from reef.engines.prompt import ChatRenderer
 from reef.engines.response import ResponseBuilder, TokenEvent
 from reef.engines.sampling import Sampled, SamplingParams, sample_rows
+from reef.engines.weights import check_checkpoint, read_adapter
 from reef.errors import (
     BadRequest,
     ConfigError,
@@ -406,80 +406,22 @@ class EmbeddedEngine:
         )
 
     def _read_adapter(self, path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
-        """Read a LoRA adapter directory and check its tensors against the base model's layers."""
-        from peft import LoraConfig, PeftConfig, load_peft_weights
-
-        def bad(why: str) -> BadRequest:
-            return BadRequest(f"adapter {path}: {why}", code="invalid_adapter", param="path")
-
-        if not (path / "adapter_config.json").is_file():
-            raise bad("no adapter_config.json")
-        if not any(
-            (path / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")
-        ):
-            raise bad("no adapter_model.safetensors")
-        try:
-            config = PeftConfig.from_pretrained(str(path))
-            weights = load_peft_weights(str(path), device="cpu")
-        except Exception as exc:  # peft and safetensors raise many kinds on a broken directory
-            raise bad(f"cannot be read: {exc}") from exc
-        if not isinstance(config, LoraConfig):
-            raise bad(f"a {config.peft_type} adapter; only LoRA is served")
-        if config.bias != "none":  # it trained the base model's biases, which all rows share
-            raise bad(f"trains biases (bias={config.bias!r}); only bias='none' can be served")
-        if not weights:
-            raise bad("holds no tensors")
-        # lora_A is [rank, in features] and lora_B [out features, rank] of the layer it adapts;
-        # PEFT's own load would say the same later, but only after changing the model.
-        for key, tensor in weights.items():
-            module, _, leaf = key.removeprefix("base_model.model.").rpartition(".lora_")
-            if leaf not in ("A.weight", "B.weight"):
-                continue  # embeddings, DoRA magnitudes...: PEFT's load checks those
-            if module not in self._linear_shapes:
-                raise bad(f"adapts '{module}', which the base model {self.model_id} lacks")
-            features_in, features_out = self._linear_shapes[module]
-            want = features_in if leaf == "A.weight" else features_out
-            got = tensor.shape[1] if leaf == "A.weight" else tensor.shape[0]
-            if tensor.dim() != 2 or got != want:
-                raise bad(
-                    f"{key} has shape {list(tensor.shape)}, but the base model's '{module}' "
-                    f"maps {features_in} to {features_out} features"
-                )
-        return config, weights
+        return read_adapter(path, self._linear_shapes, self.model_id)
 
     def _read_checkpoint(self, path: Path) -> torch.nn.Module:
-        """Load a full checkpoint whose tensors are the base model's in name, shape and dtype."""
         from transformers import AutoModelForCausalLM
 
-        def bad(why: str) -> BadRequest:
-            return BadRequest(f"checkpoint {path}: {why}", code="invalid_checkpoint", param="path")
-
-        if not (path / "config.json").is_file():
-            raise bad("no config.json")
-        try:
-            model_type = json.loads((path / "config.json").read_text()).get("model_type")
-            theirs = _tensor_specs(path)
-        except (OSError, ValueError) as exc:
-            raise bad(f"cannot be read: {exc}") from exc
-        if model_type != self._model.config.model_type:
-            raise bad(f"a {model_type} model; the base model is {self._model.config.model_type}")
-        if not theirs:
-            raise bad("no .safetensors weights")
-        ours = _tensor_specs(self.model_dir)
-        differences = [
-            f"{name}: {theirs.get(name, 'missing')} where the base has {ours.get(name, 'none')}"
-            for name in sorted(ours.keys() | theirs.keys())
-            if theirs.get(name) != ours.get(name)
-        ]
-        if differences:
-            more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
-            raise bad("tensors differ from the base model's: " + "; ".join(differences[:3]) + more)
+        check_checkpoint(path, self.model_dir, self._model.config.model_type)
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             with torch.inference_mode():  # warm-up, as for the base model
                 Batch.prefill(model, [[self._pad_id]], self._pad_id)
         except Exception as exc:
-            raise bad(f"cannot be loaded: {exc}") from exc
+            raise BadRequest(
+                f"checkpoint {path}: cannot be loaded: {exc}",
+                code="invalid_checkpoint",
+                param="path",
+            ) from exc
         return model
 
     # ---- request intake
@@ -901,17 +843,3 @@ def _settle(done: Future[Any], result: Any = None, error: Exception | None = Non
         done.set_result(result)
     else:
         done.set_exception(error)
-
-
-def _tensor_specs(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Name -> (dtype, shape) of every tensor in a directory's safetensors files, read from
-    their headers without loading a tensor."""
-    from safetensors import safe_open
-
-    specs: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
-                tensor = f.get_slice(name)
-                specs[name] = (tensor.get_dtype(), tuple(tensor.get_shape()))
-    return specs
