@@ -371,6 +371,26 @@ def wait_for_approval(settings: Settings, candidate: Candidate) -> tuple[bool, s
     return bool(got.approve), got.note or ("approved in Prefect" if got.approve else "rejected")
 
 
+def _consume(
+    settings: Settings,
+    scenario: str,
+    recipe: str,
+    experience: Any,
+    sample_ids: set[str],
+    batch_id: str,
+) -> None:
+    """Consumption receipts for the samples a run trained on (accepted or not): late or repeated
+    feedback never trains them again for this recipe. Held-out samples stay eligible."""
+    from reef.experience import consume
+
+    store = open_store(settings.database_url)
+    try:
+        samples = [s for s in experience.samples if s.sample_id in sample_ids]
+        consume(store, scenario, recipe, samples, batch_id)
+    finally:
+        store.close()
+
+
 # the flow -----------------------------------------------------------------------------------
 @flow(name="evolve")
 def evolve(
@@ -384,7 +404,6 @@ def evolve(
     import mlflow
 
     from reef import registry
-    from reef.experience import consume
     from reef.tracking import log_snapshot_input
 
     logger = get_run_logger()
@@ -461,7 +480,16 @@ def evolve(
                 parent_path=_release_files(settings, head),
                 seed=loop.seed,
             )
-            trained = train(recipe, job)
+            try:
+                trained = train(recipe, job)
+            except ReefError as e:
+                if e.code != "nothing_to_train":
+                    raise
+                # Nothing in this batch can teach the recipe (e.g. no answer passed the
+                # threshold): consume it, or every new report would retrain on it again.
+                mlflow.set_tag("reef.nothing_to_train", e.message[:5000])
+                _consume(settings, scenario, loop.recipe, experience, trained_ids, new_id("batch"))
+                return {"status": "nothing_to_train", "reason": e.message}
             mlflow.log_metrics(trained.metrics)
             evaluation = evaluate(recipe, settings, base_model, head, trained, held_out)
             decision = gate(evaluation, settings)
@@ -492,12 +520,7 @@ def evolve(
                 run.info.run_id,
                 base_model,
             )
-        store = open_store(settings.database_url)
-        try:
-            trained_samples = [s for s in experience.samples if s.sample_id in trained_ids]
-            consume(store, scenario, loop.recipe, trained_samples, candidate.id)
-        finally:
-            store.close()
+        _consume(settings, scenario, loop.recipe, experience, trained_ids, candidate.id)
         result: dict[str, Any] = {
             "status": candidate.status,
             "candidate_id": candidate.id,

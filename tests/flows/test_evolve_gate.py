@@ -91,3 +91,17 @@ def test_consistent_preference_is_accepted(server: ReefServer, prefect_server: N
         model="tiny", messages=[{"role": "user", "content": "Is 99 a number?"}], max_tokens=3
     )
     assert raw.headers["x-reef-release-id"] == result["release_id"]
+
+
+def test_a_batch_with_nothing_to_learn_is_consumed(server: ReefServer, prefect_server: None) -> None:
+    """No answer passed SFT's threshold and none was corrected: the run says so, consumes the
+    batch (or every later report would retrain on it), and the head stays."""
+    from flows.evolve import evolve
+
+    _traffic(server, "zeros", lambda i: {"score": 0.0})
+    before = _chain(server, "zeros")
+    result = evolve("zeros", overrides=_overrides(server))
+    assert result["status"] == "nothing_to_train" and "threshold" in result["reason"]
+    assert _chain(server, "zeros") == before
+    status = httpx.get(f"{server.url}/reef/scenarios/zeros/status").json()
+    assert status["eligible"] == 8  # the held-out third stays eligible; the rest is consumed
