@@ -56,9 +56,11 @@ def run_once(
     if prefect_server():
         from prefect.deployments import run_deployment
 
+        # The run executes on another host, in the deployment's directory: absolute paths only.
+        where = str(Path(config).resolve()) if config else None
         run: Any = run_deployment(
             DEPLOYMENT,
-            parameters={"scenario": scenario, "config": config, "overrides": overrides},
+            parameters={"scenario": scenario, "config": where, "overrides": overrides},
             timeout=0,  # submit; the deployment's worker runs it
         )
         return {"status": "submitted", "flow_run_id": str(run.id)}
@@ -77,6 +79,16 @@ def _warmup() -> None:
     warmup()
 
 
+def in_flight(flow_run_id: str) -> bool:
+    """Whether a submitted run has not reached a final state yet (it owns its batch until then:
+    its samples are consumed only when it has trained)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+    return run.state is None or not run.state.is_final()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flows.worker", description=__doc__)
     p.add_argument("--config", help="YAML settings file (as given to reef serve)")
@@ -92,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kind = recipe_class(settings.reef.recipe).kind
     pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    submitted: dict[str, str] = {}  # scenario -> its deployment run still owning a batch
 
     def read_stdin() -> None:
         for line in sys.stdin:
@@ -135,11 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                 store.close()
         for scenario in sorted(names):
             try:
+                if scenario in submitted and in_flight(submitted[scenario]):
+                    continue
                 is_ready, eligible = ready(settings, scenario, kind)
                 if not is_ready:
                     continue
                 log.info("%s: %d eligible samples: evolving", scenario, eligible)
                 result = run_once(settings, scenario, args.config, overrides)
+                if result.get("status") == "submitted":
+                    submitted[scenario] = str(result["flow_run_id"])
                 log.info("%s: evolve %s", scenario, json.dumps(result, default=str)[:2000])
                 print(json.dumps({"scenario": scenario, **result}, default=str), flush=True)
             except ReefError as e:
