@@ -1,0 +1,65 @@
+"""Full weights: `reef.params: {full: true}` trains every weight; the release is a checkpoint,
+swapped into the serving engine without a restart, and rollback returns to the adapter-free
+base just the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+
+from tests.reefserver import ReefServer
+
+
+def test_a_full_checkpoint_release_serves_and_rolls_back(
+    tmp_path: Path, prefect_server: None
+) -> None:
+    from flows.evolve import evolve
+
+    with ReefServer(tmp_path / "state", "--model", "tiny") as srv:
+        client = openai.OpenAI(
+            base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": "full"}
+        )
+        for i in range(2):
+            raw = client.chat.completions.with_raw_response.create(
+                model="tiny", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=3
+            )
+            httpx.post(
+                f"{srv.url}/reef/report",
+                json={"references": [raw.headers["x-reef-agent-record-id"]], "score": 1.0},
+                headers={"x-reef-scenario": "full"},
+            ).raise_for_status()
+        overrides = {
+            "server": {"state_dir": str(srv.state_dir), "port": srv.port},
+            "engine": {"model": "tiny"},
+            "reef": {
+                "recipe": "sft",
+                "batch_size": 2,
+                "params": {"epochs": 2, "full": True, "learning_rate": 0.01},
+            },
+            "gate": {"policy": "always"},
+        }
+        result = evolve("full", overrides=overrides)
+        assert result["status"] == "published", result
+        chain = httpx.get(f"{srv.url}/reef/scenarios/full/releases").json()["data"]
+        assert chain[0]["kind"] == "checkpoint" and chain[0]["current"]
+        question = [{"role": "user", "content": "q7"}]
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=question, max_tokens=6, temperature=0
+        )
+        assert raw.headers["x-reef-release-id"] == result["release_id"]
+        trained_answer = raw.parse().choices[0].message.content
+
+        r = httpx.post(
+            f"{srv.url}/reef/scenarios/full/rollback",
+            json={"release_id": chain[1]["release_id"]},
+            timeout=120,
+        )
+        assert r.status_code == 201, r.text
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=question, max_tokens=6, temperature=0
+        )
+        assert raw.headers["x-reef-release-id"] == r.json()["release_id"]
+        base_answer = raw.parse().choices[0].message.content
+        assert base_answer != trained_answer  # the checkpoint was really serving
