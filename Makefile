@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv run test test-slow test-all lint fmt bench bench-embedded smollm2 clean
+.PHONY: venv run test test-slow test-all lint fmt bench bench-embedded bench-evolve demo smollm2 clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -70,6 +70,15 @@ bench: venv
 
 bench-embedded: venv smollm2
 	$(BIN)/python bench/embedded_batching.py
+
+# Seconds from the last report of a batch to the first answer of the new release (tiny, SmolLM2).
+bench-evolve: venv smollm2
+	$(BIN)/python bench/evolve_latency.py
+
+# SmolLM2 learns "answer in at most five words" from feedback; DEMO_ARGS=--docs refreshes the PNG.
+DEMO_ARGS ?=
+demo: venv smollm2
+	$(BIN)/python -m demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -47,6 +47,9 @@ class Evolver:
             env.setdefault("PREFECT_HOME", str((self.state_dir / "prefect").resolve()))
         # On a busy 2-core machine the temporary server takes longer than Prefect's 20 s.
         env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+        # A private, temporary server has nobody to send telemetry for (and its heartbeat
+        # trips over SQLite's lock while the first flow starts).
+        env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         if self.engine_token:
             env["REEF_REEF__ENGINE_TOKEN"] = self.engine_token
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True, env=env)

@@ -148,6 +148,12 @@ class LoopSettings(_Section):
     schedule_s: float | None = Field(
         None, gt=0, description="also check every scenario for a ready batch this often"
     )
+    train_threads: int | None = Field(
+        1,
+        ge=1,
+        description="torch threads for training and evaluation (None: torch's default); "
+        "1 leaves the other cores to the serving engine",
+    )
     seed: int = 0
 
     @field_validator("recipe")

@@ -56,7 +56,7 @@ BASE_ADAPTER = "__base__"  # PEFT's adapter name for rows of a mixed batch that 
 _MIXED = "__mixed__"  # LoRA layers enabled, each row's adapter named in the forward call
 # verify() decodes a few greedy tokens of this prompt on a freshly loaded variant.
 VERIFY_MESSAGES = [{"role": "user", "content": "Say hello."}]
-VERIFY_TOKENS = 8
+VERIFY_TOKENS = 2  # a smoke test: the forward passes run and their logits are finite
 
 
 @dataclass

@@ -93,7 +93,9 @@ def test_consistent_preference_is_accepted(server: ReefServer, prefect_server: N
     assert raw.headers["x-reef-release-id"] == result["release_id"]
 
 
-def test_a_batch_with_nothing_to_learn_is_consumed(server: ReefServer, prefect_server: None) -> None:
+def test_a_batch_with_nothing_to_learn_is_consumed(
+    server: ReefServer, prefect_server: None
+) -> None:
     """No answer passed SFT's threshold and none was corrected: the run says so, consumes the
     batch (or every later report would retrain on it), and the head stays."""
     from flows.evolve import evolve

@@ -24,7 +24,7 @@ def test_evolve_with_artifacts_on_s3(
     tmp_path: Path,
     s3_endpoint: str,
     s3_bucket: str,
-    prefect_server: None,  # noqa: F811
+    prefect_server: None,
 ) -> None:
     from flows.evolve import evolve
 

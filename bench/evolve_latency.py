@@ -1,0 +1,314 @@
+"""How long a batch of feedback takes to be served: seconds from the last report of a batch to
+the first answer served by the release trained on it, through a real `reef serve` with its
+automatic evolve worker (SFT, LoRA, gate `always`).
+
+For each model one server runs; each run makes `--batch-size` calls, reports each (a report per
+receipt, with a correction), starts the clock when the last report's response arrives, then
+polls until an answer's `x-reef-release-id` names a release other than the previous head:
+
+- `--poll chat` (default): a chat call (max_tokens 1) every 0.2 s;
+- `--poll head`: `GET /reef/scenarios/{s}/releases` every 0.2 s, then chat calls until one is
+  served by the new head. Cheaper: on two cores a chat call every 0.2 s competes with training.
+
+Where the time goes comes from the worker's own records: the task runs of the evolve flow in
+its Prefect database (materialize, validate, train, evaluate, gate, publish, deploy), TRL's
+`train_runtime` in the release's metrics (the rest of the train task is loading the model and
+building the trainer), and the deploy timings the worker logs ("release ... is the head ...").
+The first run of a worker pays its imports (torch, TRL, Great Expectations, MLflow) and is
+reported apart as the cold run. Writes JSON to bench/results/.
+
+    .venv/bin/python bench/evolve_latency.py [--models tiny,smollm2] [--runs 5]
+
+The machine these numbers come from has two shared cores: the load average is printed with each
+run, and the shares of the total (training, validation, ...) are steadier than the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from demo.server import Server  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SCENARIO = "bench-evolve"
+PHASES = [
+    "trigger",  # last report -> the flow run starts (worker wakes, checks readiness)
+    "setup",  # flow start -> materialize (settings, recipe, head)
+    "materialize",
+    "validate",  # Great Expectations contract
+    "prepare",  # dataset load, MLflow run and params
+    "load",  # train task minus TRL's train_runtime: model load, PEFT, trainer init
+    "train",  # TRL's train_runtime
+    "evaluate",  # evaluate + gate
+    "publish",  # artifact store + MLflow model version + candidate row
+    "deploy",  # load adapter in the engine, verify, CAS the head, refresh, MLflow alias
+    "serve",  # deploy done -> the first answer from the new release (includes poll interval)
+]
+HEAD_LINE = re.compile(r"release (\S+) \(seq \d+\) is the head of \S+: (\{.*\})\s*$")
+
+
+def _utc(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def flow_runs(db: Path) -> list[dict[str, Any]]:
+    """The evolve flow runs in the worker's Prefect database, oldest first, with task times."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        runs = con.execute(
+            "SELECT fr.id, fr.start_time, fr.end_time FROM flow_run fr JOIN flow f "
+            "ON f.id = fr.flow_id WHERE f.name = 'evolve' ORDER BY fr.start_time"
+        ).fetchall()
+        out = []
+        for run_id, start, end in runs:
+            tasks = {}
+            for name, t0, t1 in con.execute(
+                "SELECT name, start_time, end_time FROM task_run WHERE flow_run_id = ?", (run_id,)
+            ):
+                tasks[name.rsplit("-", 1)[0]] = (_utc(t0), _utc(t1))
+            out.append({"id": run_id, "start": _utc(start), "end": _utc(end), "tasks": tasks})
+        return out
+    finally:
+        con.close()
+
+
+def breakdown(
+    flow: dict[str, Any], release: dict[str, Any], t_report: float, t_served: float
+) -> dict[str, float]:
+    t = flow["tasks"]
+    train_runtime = float(release["metrics"].get("train_runtime", 0.0))
+    train_task = t["train"][1] - t["train"][0]
+    return {
+        "trigger": flow["start"] - t_report,
+        "setup": t["materialize_snapshot"][0] - flow["start"],
+        "materialize": t["materialize_snapshot"][1] - t["materialize_snapshot"][0],
+        "validate": t["validate_snapshot"][1] - t["validate_snapshot"][0],
+        "prepare": t["train"][0] - t["validate_snapshot"][1],
+        "load": train_task - train_runtime,
+        "train": train_runtime,
+        "evaluate": t["gate"][1] - t["evaluate"][0],
+        "publish": t["publish"][1] - t["publish"][0],
+        "deploy": t["deploy"][1] - t["deploy"][0],
+        "serve": t_served - t["deploy"][1],
+    }
+
+
+def head_lines(log: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for line in log.splitlines():
+        m = HEAD_LINE.search(line)
+        if m:
+            with contextlib.suppress(ValueError, SyntaxError):
+                out[m.group(1)] = ast.literal_eval(m.group(2))
+    return out
+
+
+class Bench:
+    def __init__(self, server: Server, model: str, batch_size: int, poll: str):
+        self.server, self.model, self.batch_size, self.poll = server, model, batch_size, poll
+        headers = {"x-reef-scenario": SCENARIO}
+        self.client = openai.OpenAI(
+            base_url=f"{server.url}/v1", api_key="unused", default_headers=headers, max_retries=0
+        )
+        self.http = httpx.Client(base_url=server.url, headers=headers, timeout=60)
+
+    def close(self) -> None:
+        self.client.close()
+        self.http.close()
+
+    def call(self, content: str, max_tokens: int) -> tuple[str, str]:
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=max_tokens,
+            temperature=0,
+        )
+        return raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]
+
+    def head(self) -> dict[str, Any]:
+        r = self.http.get(f"/reef/scenarios/{SCENARIO}/releases")
+        r.raise_for_status()
+        return next(x for x in r.json()["data"] if x["current"])
+
+    def run(self, n: int, previous: str, timeout_s: float) -> dict[str, Any]:
+        receipts = [self.call(f"Bench run {n}, question {i}: name a colour.", 8)[0] for i in
+                    range(self.batch_size)]  # fmt: skip
+        for i, rid in enumerate(receipts):
+            r = self.http.post(
+                "/reef/report",
+                json={
+                    "score": 1.0,
+                    "references": [rid],
+                    "feedback": {"correction": f"Blue, run {n} answer {i}."},
+                },
+            )
+            r.raise_for_status()
+        t_report, m_report = time.time(), time.monotonic()
+        polls = 0
+        deadline = m_report + timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run {n}: no new release in {timeout_s:.0f}s")
+            if self.poll == "head" and self.head()["release_id"] == previous:
+                time.sleep(0.2)
+                continue
+            polls += 1
+            _, served = self.call("ping", 1)
+            if served != previous:
+                break
+            time.sleep(0.2)
+        seconds = time.monotonic() - m_report
+        t_served = t_report + seconds
+        return {"run": n, "seconds": seconds, "release_id": served, "polls": polls,
+                "t_report": t_report, "t_served": t_served}  # fmt: skip
+
+
+def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    state = Path(tempfile.mkdtemp(prefix=f"reef-bench-evolve-{model}-"))
+    params = {"epochs": args.epochs, "batch_size": 4, "max_length": 128}
+    config = {
+        # Serving keeps every core; the worker (training) gets --train-threads through
+        # OMP_NUM_THREADS, which the engine's explicit `threads` overrides in the API process.
+        "engine": {"threads": os.cpu_count() or 1},
+        "reef": {"recipe": "sft", "batch_size": args.batch_size, "params": params},
+        "gate": {"policy": "always"},
+    }
+    env = {"OMP_NUM_THREADS": str(args.train_threads)} if args.train_threads else {}
+    server = Server(state, model, config, env=env)
+    started = time.monotonic()
+    server.start()
+    ready_s = server.wait_for_log("evolve worker ready", timeout_s=600)
+    print(f"{model}: serving after {time.monotonic() - started - ready_s:.1f}s, "
+          f"worker ready {ready_s:.1f}s later", flush=True)  # fmt: skip
+    bench = Bench(server, model, args.batch_size, args.poll)
+    runs: list[dict[str, Any]] = []
+    try:
+        bench.http.post("/reef/scenarios", json={"name": SCENARIO})
+        previous = bench.head()["release_id"]
+        for n in range(args.warmup + args.runs):
+            load = os.getloadavg()[0]
+            run = bench.run(n, previous, args.timeout)
+            previous = run["release_id"]
+            release = bench.head()
+            assert release["release_id"] == previous, (release, previous)
+            deadline = time.monotonic() + 30
+            while True:  # the flow run's deploy task is written just after the head moved
+                flows = flow_runs(state / "prefect" / "prefect.db")
+                done = [f for f in flows if "deploy" in f["tasks"] and f["tasks"]["deploy"][1]]
+                if len(done) > len(runs) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            run["phases"] = breakdown(done[-1], release, run["t_report"], run["t_served"])
+            run["deploy_timings"] = head_lines(server.log()).get(previous, {})
+            run["train_metrics"] = {
+                k: v for k, v in release["metrics"].items() if k.startswith("train_")
+            }
+            run["cold"] = n < args.warmup
+            run["load_avg_1m"] = load
+            runs.append(run)
+            shown = " ".join(f"{k}={v:.1f}" for k, v in run["phases"].items())
+            print(f"{model} run {n}{' (cold)' if run['cold'] else ''}: {run['seconds']:.1f}s "
+                  f"(load {load:.1f}) {shown}", flush=True)  # fmt: skip
+    finally:
+        bench.close()
+        server.stop()
+        if not args.keep:
+            shutil.rmtree(state, ignore_errors=True)
+    return summarize(model, runs, params, args)
+
+
+def summarize(
+    model: str, runs: list[dict[str, Any]], params: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    warm = [r for r in runs if not r["cold"]]
+    totals = [r["seconds"] for r in warm]
+    p50 = {k: statistics.median(r["phases"][k] for r in warm) for k in PHASES}
+    share = {k: statistics.median(r["phases"][k] / r["seconds"] for r in warm) for k in PHASES}
+    return {
+        "model": model,
+        "settings": {
+            "batch_size": args.batch_size,
+            "poll": args.poll,
+            "train_threads": args.train_threads or "torch default",
+            **params,
+        },
+        "runs": runs,
+        "p50_s": statistics.median(totals),
+        "min_s": min(totals),
+        "max_s": max(totals),
+        "cold_s": [r["seconds"] for r in runs if r["cold"]],
+        "phase_p50_s": p50,
+        "phase_share_p50": share,
+    }
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = "| model | runs | p50 s | min–max s | cold s | " + " | ".join(PHASES) + " |"
+    lines = [head, "|" + "---|" * (5 + len(PHASES))]
+    for r in results:
+        n = len([x for x in r["runs"] if not x["cold"]])
+        cold = ", ".join(f"{c:.1f}" for c in r["cold_s"]) or "–"
+        cells = [
+            f"{r['phase_p50_s'][k]:.1f} ({r['phase_share_p50'][k]:.0%})" for k in PHASES
+        ]  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {n} | {r['p50_s']:.1f} | {r['min_s']:.1f}–{r['max_s']:.1f} | "
+            f"{cold} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", default="tiny,smollm2")
+    p.add_argument("--runs", type=int, default=5, help="measured runs per model")
+    p.add_argument("--warmup", type=int, default=1, help="cold runs first, reported apart")
+    p.add_argument("--batch-size", type=int, default=4, help="reef.batch_size: reports per run")
+    p.add_argument("--epochs", type=float, default=2.0, help="SFT epochs (batch 4: 1 step each)")
+    p.add_argument("--poll", choices=["chat", "head"], default="chat")
+    p.add_argument(
+        "--train-threads",
+        type=int,
+        default=1,
+        help="torch threads of the evolve worker (OMP_NUM_THREADS); 0: torch's default",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument("--keep", action="store_true", help="keep the servers' state directories")
+    args = p.parse_args()
+    results = [bench_model(m.strip(), args) for m in args.models.split(",") if m.strip()]
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = RESULTS / f"evolve_latency-{stamp}.json"
+    meta = {"machine": platform.node(), "cpus": os.cpu_count(), "argv": sys.argv[1:]}
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
+    print("\nseconds from the last report to the first answer of the new release (p50 of the warm "
+          "runs; phases: p50 s (p50 share of the run))\n" + table(results))  # fmt: skip
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The learning demo (demo/): its scorer and question pool, and — slow — the demo itself on
+real SmolLM2 with a small round budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from demo.curve import Step, plot, table
+from demo.preference import HELD_OUT, MAX_WORDS, TRAIN, messages, score, scorer, words
+
+
+def test_score_counts_words() -> None:
+    assert score("Paris.") == 1.0
+    assert score("The capital is Paris, France.") == 1.0  # five words
+    assert score("The capital of France is Paris.") == 0.0  # six
+    assert score("") == 0.0 and score("   ") == 0.0 and score(None) == 0.0
+    assert score("Leonardo da Vinci - of course!") == 1.0  # a lone dash is not a word
+    assert words("Twenty-four hours.") == 2
+    assert words("one\ntwo\tthree") == 3
+
+
+def test_scorer_is_a_trl_style_reward() -> None:
+    assert scorer(["Paris.", "It is the city of Paris in France."]) == [1.0, 0.0]
+    assert scorer([[{"role": "assistant", "content": "Blue."}], []]) == [1.0, 0.0]
+
+
+def test_question_pool() -> None:
+    assert len(TRAIN) >= 40 and len(HELD_OUT) == 16
+    for question, reference in TRAIN + HELD_OUT:
+        assert question.strip().endswith("?")
+        assert 0 < words(reference) <= MAX_WORDS, reference
+        assert score(reference) == 1.0
+    questions = [q for q, _ in TRAIN + HELD_OUT]
+    assert len(set(questions)) == len(questions)  # no duplicates, so held-out is disjoint
+    assert not {q for q, _ in TRAIN} & {q for q, _ in HELD_OUT}
+    assert messages("Q?")[0]["role"] == "system" and messages("Q?")[1]["content"] == "Q?"
+
+
+def test_curve_table_and_png(tmp_path: Path) -> None:
+    steps = [
+        Step(0, "rel_base", 0.125, 2, 16, 12.0, 0.0, 40.0),
+        Step(1, "rel_one", 0.875, 14, 16, 90.0, 70.0, 130.0, train_pass_rate=0.25),
+    ]
+    text = table(steps)
+    assert "| 0 | `rel_base` | 12% (2/16) | – |" in text
+    assert "| 1 | `rel_one` | 88% (14/16) | 25% |" in text
+    png = plot(steps, tmp_path / "curve.png", target=0.8, title="t")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_demo_learns_the_preference(tmp_path: Path) -> None:
+    """The whole demo on SmolLM2: a release trained on one or two rounds of feedback beats the
+    base model on the held-out questions, and the curve lands in the PNG and in MLflow."""
+    from demo.__main__ import SCENARIO, run
+
+    state = tmp_path / "state"
+    steps = run(
+        state,
+        rounds=2,
+        target=0.8,
+        max_tokens=24,
+        params={"epochs": 4, "batch_size": 4, "max_length": 256},
+        round_timeout_s=600,
+    )
+    assert steps[0].round == 0 and len(steps) >= 2
+    assert len({s.release_id for s in steps}) == len(steps)  # one release per round
+    assert steps[-1].pass_rate > steps[0].pass_rate
+    assert steps[-1].pass_rate >= 0.5
+    assert (state / "learning-curve.png").exists()
+
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(f"reef/{SCENARIO}")
+    assert experiment is not None
+    (demo_run,) = client.search_runs([experiment.experiment_id], "attributes.run_name = 'demo'")
+    history = client.get_metric_history(demo_run.info.run_id, "pass_rate")
+    assert [m.step for m in history] == [s.round for s in steps]
+    assert "learning-curve.png" in [a.path for a in client.list_artifacts(demo_run.info.run_id)]
