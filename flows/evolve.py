@@ -526,7 +526,12 @@ def evolve(
                 run.info.run_id,
                 base_model,
             )
-        _consume(settings, scenario, loop.recipe, experience, trained_ids, candidate.id)
+
+        # The batch is consumed once the run has decided its candidate (rejected, declined, or
+        # published); a run that fails before that leaves it eligible, so it is tried again.
+        def consumed() -> None:
+            _consume(settings, scenario, loop.recipe, experience, trained_ids, candidate.id)
+
         result: dict[str, Any] = {
             "status": candidate.status,
             "candidate_id": candidate.id,
@@ -536,6 +541,7 @@ def evolve(
             "run_id": run.info.run_id,
         }
         if decision.status == "rejected":
+            consumed()
             registry.mark(settings.tracking_uri, candidate.model_uri or "", "rejected")
             return result
         if decision.status == "pending":
@@ -543,6 +549,7 @@ def evolve(
             logger.info("candidate %s: %s", candidate.id, note)
             mlflow.set_tag("reef.approval", note)
             if not approved:
+                consumed()
                 store = open_store(settings.database_url)
                 try:
                     current = store.get_candidate(scenario, candidate.id)
@@ -555,5 +562,6 @@ def evolve(
                 finally:
                     store.close()
         release = deploy(settings, replace(candidate, status="pending"))
+        consumed()
         mlflow.set_tag("reef.release_id", release.id)
         return {**result, "status": "published", "release_id": release.id, "seq": release.seq}

@@ -7,6 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
+# the real S3 server (moto_server) and a fresh bucket, shared with the experience tests
+from tests.experience.conftest import s3_bucket, s3_endpoint
+
+__all__ = ["s3_bucket", "s3_endpoint"]
+
 
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:

@@ -10,7 +10,6 @@ import boto3
 import httpx
 import openai
 
-from tests.experience.conftest import s3_bucket, s3_endpoint  # noqa: F401  (fixtures)
 from tests.reefserver import ReefServer
 
 CREDS = {
