@@ -1,0 +1,49 @@
+"""`reef evolve --scenario S`: evolve by hand, from the command line, against a running server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from api.cli import main
+from tests.reefserver import ReefServer
+
+
+def test_reef_evolve_by_hand(
+    tmp_path: Path, prefect_server: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "reef": {"recipe": "sft", "batch_size": 8, "params": {"epochs": 1}},
+                "gate": {"policy": "always"},
+            }
+        )
+    )
+    with ReefServer(tmp_path / "state", "-c", str(config), "--model", "tiny") as srv:
+        client = openai.OpenAI(
+            base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": "cli"}
+        )
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "q"}], max_tokens=3
+        )
+        httpx.post(
+            f"{srv.url}/reef/report",
+            json={"references": [raw.headers["x-reef-agent-record-id"]], "score": 1.0},
+            headers={"x-reef-scenario": "cli"},
+        ).raise_for_status()
+        common = ["-c", str(config), "--state-dir", str(srv.state_dir), "--model", "tiny"]
+        common += ["--port", str(srv.port), "--scenario", "cli"]
+        # 1 eligible sample of 8: --force trains on what there is
+        assert main(["evolve", *common, "--force"]) == 0
+        out = capsys.readouterr().out  # Prefect's log lines, then the result as JSON
+        result = json.loads(out[out.rindex('{\n  "status"') :])
+        assert result["status"] == "published"
+        head = httpx.get(f"{srv.url}/reef/scenarios/cli").json()["head_release_id"]
+        assert head == result["release_id"]
