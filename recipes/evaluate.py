@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from recipes.training import correction
 from reef.recipe import Scorer
 
 log = logging.getLogger(__name__)
@@ -59,19 +60,6 @@ def load_model(base_model: Path, kind: str, path: Path | None) -> tuple[Any, Any
             model = PeftModel.from_pretrained(model, path)
     model.eval()
     return model, tokenizer
-
-
-def correction(feedback: str | None) -> str | None:
-    """The corrected answer a structured feedback object carries under "correction"."""
-    if not feedback:
-        return None
-    try:
-        value = json.loads(feedback)
-    except ValueError:
-        return None
-    if isinstance(value, dict) and isinstance(value.get("correction"), str):
-        return value["correction"] or None
-    return None
 
 
 def replay_samples(rows: Sequence[dict[str, Any]], threshold: float) -> list[EvalSample]:

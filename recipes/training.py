@@ -46,6 +46,7 @@ def load_policy(job: TrainJob, lora: LoraParams | None) -> tuple[Any, Any]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     source = job.parent_path if job.parent_kind == "checkpoint" else job.base_model
+    assert source is not None, "a checkpoint parent needs its files"
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if job.parent_kind == "adapter":
         assert job.parent_path is not None
@@ -72,7 +73,7 @@ def save_candidate(model: Any, tokenizer: Any, job: TrainJob) -> ReleaseKind:
 
     job.out_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(model, PeftModel) and job.parent_kind != "checkpoint":
-        model.save_pretrained(job.out_dir)
+        model.save_pretrained(str(job.out_dir))
         return "adapter"
     if isinstance(model, PeftModel):
         model = model.merge_and_unload()
@@ -103,7 +104,7 @@ def progress_callback(progress: Progress | None) -> Any:
     """A transformers TrainerCallback forwarding each logged step to `progress`."""
     from transformers import TrainerCallback
 
-    class _Forward(TrainerCallback):  # type: ignore[misc]
+    class _Forward(TrainerCallback):
         def __init__(self) -> None:
             self.metrics: dict[str, float] = {}
 

@@ -212,8 +212,3 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if isinstance(value, bool) and hint is int:
         raise ConfigError(f"{where}: {value!r} is not an int")
     return value
-
-
-def release_content_files(path: Path) -> list[Path]:
-    """The files of a candidate or release directory, in a stable order."""
-    return sorted(p for p in path.rglob("*") if p.is_file())
