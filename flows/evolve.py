@@ -70,7 +70,7 @@ def _artifacts(settings: Settings) -> ArtifactStore:
 def _base_model(settings: Settings) -> Path:
     from reef.models import resolve_model
 
-    if settings.engine.kind != "embedded":
+    if settings.engine.kind == "upstream":  # vLLM serves engine.model's files, as embedded does
         raise ReefError(
             f"evolving weights needs the model's weights; engine '{settings.engine.kind}' "
             "serves a remote model",

@@ -91,6 +91,11 @@ Learning from feedback: the agent improves when its answers are scored, correcte
 """
 
 
+def model_id(spec: str) -> str:
+    """The model name clients use for `spec`: smollm2, tiny, or the model directory's name."""
+    return spec if spec in ("smollm2", "tiny") else Path(spec).expanduser().name
+
+
 def resolve_model(spec: str, cache_dir: Path) -> Path:
     """Return a local Hugging Face model directory for `spec`, building it on first use."""
     cache_dir = Path(cache_dir).expanduser()

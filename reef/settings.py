@@ -53,7 +53,7 @@ class ServerSettings(_Section):
 
 
 class EngineSettings(_Section):
-    kind: Literal["embedded", "upstream"] = "embedded"
+    kind: Literal["embedded", "upstream", "vllm"] = "embedded"
     model: str = Field("smollm2", description="smollm2, tiny, or a local Hugging Face model dir")
     upstream_url: str | None = Field(None, description="OpenAI base URL ending in /v1")
     upstream_model: str | None = Field(None, description="model name sent to the upstream")
@@ -71,10 +71,36 @@ class EngineSettings(_Section):
         description="ask the upstream for token ids and log-probs (vLLM's return_token_ids, logprobs)",
     )
 
-    @field_validator("model_cache")
+    vllm_url: str | None = Field(
+        None, description="vllm: a running vLLM server's root URL (no /v1); unset: launch one"
+    )
+    vllm_python: Path = Field(
+        Path(".venv-vllm/bin/python"),
+        description="vllm: the python of vLLM's own environment (`make vllm-venv` builds it)",
+    )
+    vllm_args: tuple[str, ...] = Field(
+        (), description="vllm: extra `vllm serve` arguments when Reef launches it"
+    )
+    vllm_start_timeout_s: float = Field(600.0, gt=0, description="vllm: wait for /health")
+    vllm_weight_sync: Literal["reload", "nccl"] = Field(
+        "reload",
+        description="vllm: how full weights move: workers reload the checkpoint (any build), "
+        "or NCCL from a sender process (CUDA)",
+    )
+    vllm_max_loras: int = Field(4, ge=1, description="vllm: adapters in one batch (--max-loras)")
+    vllm_max_lora_rank: int = Field(64, ge=1, description="vllm: --max-lora-rank")
+
+    @field_validator("model_cache", "vllm_python")
     @classmethod
     def _expand_cache(cls, v: Path) -> Path:
         return v.expanduser()
+
+    @field_validator("vllm_url")
+    @classmethod
+    def _root_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://", v):
+            raise ValueError("vllm_url must be an http(s) URL (the server's root, without /v1)")
+        return v.rstrip("/").removesuffix("/v1") if v else v
 
     @field_validator("upstream_url")
     @classmethod

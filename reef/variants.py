@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from reef.artifacts import ArtifactStore
 from reef.engines.base import Deployable, Engine
@@ -39,15 +39,20 @@ class Variants:
         self.artifacts = artifacts
         self.cache_dir = cache_dir
         self._releases: dict[str, Release] = {}  # release id -> release (immutable: cached)
-        self._loaded: dict[str, str] = {}  # variant name -> release kind
         self._locks: dict[str, asyncio.Lock] = {}
+        self._deployable = isinstance(engine, Deployable)  # a Protocol check: not per request
 
     @property
     def deployable(self) -> bool:
-        return isinstance(self.engine, Deployable)
+        return self._deployable
 
     def loaded(self) -> list[str]:
-        return sorted(self._loaded)
+        """The variants the engine holds. The engine is the truth: a long-running one (vLLM)
+        can hold releases an earlier Reef process loaded (a release's name never changes
+        meaning), and full weights leave it when newer full weights replace them."""
+        if not self._deployable:
+            return []
+        return sorted(cast(Deployable, self.engine).variants())
 
     async def release(self, scenario: str, release_id: str) -> Release:
         hit = self._releases.get(release_id)
@@ -63,7 +68,7 @@ class Variants:
         if release.kind == "base":
             return None
         name = variant_name(scenario, release_id)
-        if name not in self._loaded:
+        if name not in self.loaded():
             if not release.uri:
                 raise NotFound(f"release {release_id} has no files to load")
             await self.load(name, release.kind, release.uri)
@@ -76,14 +81,14 @@ class Variants:
         """Load `source` (a local directory or an artifact-store uri) as variant `name`;
         a name already loaded is left as it is (never reloaded in place)."""
         async with self._lock(name):
-            if name in self._loaded:
-                return {"name": name, "loaded": False}
             engine = self.engine
             if not isinstance(engine, Deployable):
                 raise EngineError(
                     f"the {engine.kind} engine cannot serve trained releases ({name} is a {kind})",
                     code="not_deployable",
                 )
+            if name in engine.variants():
+                return {"name": name, "loaded": False}
             started = time.monotonic()
             local = await asyncio.to_thread(self._local, source)
             if kind == "adapter":
@@ -92,7 +97,6 @@ class Variants:
                 await engine.load_weights(name, local)
             else:
                 raise BadRequest(f"{name}: the engine cannot load a {kind}")
-            self._loaded[name] = kind
             seconds = time.monotonic() - started
             log.info("loaded %s (%s) in %.2f s", name, kind, seconds)
             return {"name": name, "loaded": True, "seconds": round(seconds, 3)}
@@ -117,16 +121,15 @@ class Variants:
     async def verify(self, name: str) -> dict[str, Any]:
         """A smoke generation on a loaded variant."""
         engine = self.engine
-        if name not in self._loaded or not isinstance(engine, Deployable):
+        if name not in self.loaded() or not isinstance(engine, Deployable):
             raise NotFound(f"no variant '{name}' is loaded")
         return {"name": name, "verified": True, **await engine.verify(name)}
 
     async def unload(self, name: str) -> bool:
         async with self._lock(name):
-            if name not in self._loaded:
+            if name not in self.loaded():
                 return False
             engine = self.engine
             assert isinstance(engine, Deployable)
             await engine.unload(name)
-            del self._loaded[name]
             return True

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+# Deployable.verify's smoke generation: the forward passes run and their logits are finite.
+VERIFY_MESSAGES = [{"role": "user", "content": "Say hello."}]
+VERIFY_TOKENS = 2
+
 
 @dataclass(frozen=True)
 class Completion:

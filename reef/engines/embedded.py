@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from reef.engines.base import Completion
+from reef.engines.base import VERIFY_MESSAGES, VERIFY_TOKENS, Completion
 from reef.engines.batch import Batch
 from reef.engines.detokenize import Detokenizer, TokenText
 from reef.engines.prompt import ChatRenderer
@@ -55,8 +55,6 @@ _STOP = object()  # queued by aclose(): the scheduler fails what is left and exi
 BASE_ADAPTER = "__base__"  # PEFT's adapter name for rows of a mixed batch that take no adapter
 _MIXED = "__mixed__"  # LoRA layers enabled, each row's adapter named in the forward call
 # verify() decodes a few greedy tokens of this prompt on a freshly loaded variant.
-VERIFY_MESSAGES = [{"role": "user", "content": "Say hello."}]
-VERIFY_TOKENS = 2  # a smoke test: the forward passes run and their logits are finite
 
 
 @dataclass

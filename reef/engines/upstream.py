@@ -262,8 +262,9 @@ class UpstreamEngine:
     def _payload(self, body: dict[str, Any], *, stream: bool) -> bytes:
         # A shallow copy: the caller's body stays what the client sent (it is recorded).
         out = dict(body)
-        if self.model is not None:
-            out["model"] = self.model
+        model = self._wire_model(body)
+        if model is not None:
+            out["model"] = model
         if stream:
             out["stream"] = True
         elif out.get("stream"):
@@ -274,6 +275,10 @@ class UpstreamEngine:
             if stream:
                 out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
         return orjson.dumps(out)
+
+    def _wire_model(self, body: dict[str, Any]) -> str | None:
+        """The model name sent upstream (None: the client's, unchanged)."""
+        return self.model
 
     @staticmethod
     def _hide_unasked(

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from reef.errors import BadRequest
+
+if TYPE_CHECKING:  # the vLLM engine checks headers only and never loads torch
+    import torch
 
 
 def read_adapter(
@@ -57,6 +58,47 @@ def read_adapter(
     return config, weights
 
 
+def check_adapter_specs(
+    path: Path, base_dir: Path, model_id: str, max_rank: int | None = None
+) -> None:
+    """A LoRA adapter directory checked against the base model's safetensors headers only (no
+    tensor is loaded): for an engine that loads the adapter itself, such as vLLM, which serves
+    ranks up to `max_rank`."""
+
+    def bad(why: str) -> BadRequest:
+        return BadRequest(f"adapter {path}: {why}", code="invalid_adapter", param="path")
+
+    try:
+        config = json.loads((path / "adapter_config.json").read_text())
+        specs = tensor_specs(path)
+    except (OSError, ValueError) as exc:
+        raise bad(f"cannot be read: {exc}") from exc
+    if str(config.get("peft_type", "")).upper() != "LORA":
+        raise bad(f"a {config.get('peft_type')} adapter; only LoRA is served")
+    if config.get("bias", "none") != "none":
+        raise bad(f"trains biases (bias={config.get('bias')!r}); only bias='none' can be served")
+    if not specs:
+        raise bad("no adapter_model.safetensors")
+    rank = config.get("r")
+    if max_rank is not None and isinstance(rank, int) and rank > max_rank:
+        raise bad(f"rank {rank} is above the engine's largest LoRA rank {max_rank}")
+    base = tensor_specs(base_dir)
+    for key, (_, shape) in specs.items():
+        module, _, leaf = key.removeprefix("base_model.model.").rpartition(".lora_")
+        if leaf not in ("A.weight", "B.weight"):
+            continue
+        weight = base.get(f"{module}.weight")
+        if weight is None or len(weight[1]) != 2:
+            raise bad(f"adapts '{module}', which the base model {model_id} lacks")
+        features_out, features_in = weight[1]
+        want, got = (features_in, shape[-1]) if leaf == "A.weight" else (features_out, shape[0])
+        if len(shape) != 2 or got != want:
+            raise bad(
+                f"{key} has shape {list(shape)}, but the base model's '{module}' "
+                f"maps {features_in} to {features_out} features"
+            )
+
+
 def check_checkpoint(path: Path, base_dir: Path, model_type: str) -> None:
     """A full checkpoint must be the base model's architecture with the same tensors."""
 
@@ -92,7 +134,7 @@ def tensor_specs(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
     specs: dict[str, tuple[str, tuple[int, ...]]] = {}
     for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
+        with safe_open(str(file), framework="numpy") as f:
             for name in f.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
                 tensor = f.get_slice(name)
                 specs[name] = (tensor.get_dtype(), tuple(tensor.get_shape()))

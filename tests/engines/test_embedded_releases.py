@@ -58,12 +58,12 @@ def quiet_peft(build: Any) -> Any:
         return build()
 
 
-def lora(model: torch.nn.Module, seed: int, out: Path, scale: float = 0.1) -> None:
+def lora(model: torch.nn.Module, seed: int, out: Path, scale: float = 0.1, rank: int = 8) -> None:
     """A LoRA on every linear layer, with lora_B drawn from `seed` so it changes the answers."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # PEFT draws lora_A from torch's global generator
         peft = quiet_peft(
-            lambda: get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
+            lambda: get_peft_model(model, LoraConfig(r=rank, target_modules="all-linear"))
         )
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
