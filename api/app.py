@@ -20,11 +20,12 @@ from api.auth import Authenticator
 from api.evolver import Evolver
 from api.metrics import Metrics, MetricsMiddleware
 from api.readiness_metrics import ReadinessCollector
-from api.routes import anthropic, engine_admin, experience, health, openai, releases
+from api.routes import anthropic, engine_admin, experience, harness, health, openai, releases
 from api.routes import reef as reef_routes
 from api.services import Services
 from reef.artifacts import open_artifacts
 from reef.engines.base import Deployable, Engine
+from reef.harness import HarnessCache
 from reef.serving import Serving
 from reef.settings import Settings
 from reef.store.base import Store
@@ -83,13 +84,13 @@ def create_app(
     """Build the app. The engine is constructed (not started) by the caller; the lifespan
     migrates the store, starts the group committer, the engine and the evolve worker."""
     store = store or open_store(settings.database_url)
+    artifacts = open_artifacts(
+        settings.artifacts_url,
+        endpoint_url=settings.artifacts.s3_endpoint_url,
+        region=settings.artifacts.s3_region,
+    )
     variants = None
     if isinstance(engine, Deployable):
-        artifacts = open_artifacts(
-            settings.artifacts_url,
-            endpoint_url=settings.artifacts.s3_endpoint_url,
-            region=settings.artifacts.s3_region,
-        )
         variants = Variants(engine, store, artifacts, settings.server.state_dir / "cache")
     committer = GroupCommitter(
         store, window_ms=settings.store.commit_window_ms, max_batch=settings.store.commit_max_batch
@@ -106,6 +107,7 @@ def create_app(
             committer,
             max_tokens_cap=settings.server.max_tokens_cap,
             variants=variants,
+            harnesses=HarnessCache(artifacts, settings.server.state_dir / "cache"),
         ),
         auth=Authenticator(settings.auth.tokens, engine_token),
         metrics=metrics,
@@ -158,6 +160,7 @@ def create_app(
     app.include_router(releases.router)
     app.include_router(engine_admin.router)
     app.include_router(experience.router)
+    app.include_router(harness.router)
     app.include_router(health.router)
     # The inference routes also go in front as plain Starlette routes: the same endpoint
     # functions (they take the Request and return a Response) without FastAPI's per-request

@@ -8,6 +8,7 @@ was. Afterwards, variants of the scenario outside the keep window are unloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 from deploy.engine import EngineTarget
 from reef.errors import ReefError
+from reef.harness import harness_of
 from reef.records import Release
 from reef.store.base import Store
 from reef.variants import variant_name
@@ -33,18 +35,21 @@ def deploy(
     """Stage, verify, publish (CAS on `release.parent_id`), mirror, retire; returns the stored
     release and the timings. `keep`: how many newest releases of the chain stay loaded."""
     timings: dict[str, Any] = {}
-    name = variant_name(release.scenario, release.id)
-    staged = release.kind != "base"
+    release = _keep_harness(store, release)
+    name = variant_name(release.scenario, release.weights_id)
+    staged = False  # whether this deploy loaded the variant (and must unload it on failure)
     started = time.monotonic()
-    if staged:
+    if release.kind != "base":
         if not release.uri:
             raise ReefError(f"release {release.id} has no files to deploy")
-        engine.load(name, release.kind, release.uri)
+        # a release that changed only the harness serves weights the engine may hold already
+        staged = engine.load(name, release.kind, release.uri).get("loaded", True) is not False
         timings["load_s"] = round(time.monotonic() - started, 3)
         try:
             timings["verify"] = engine.verify(name)
         except ReefError:
-            _unstage(engine, name)
+            if staged:
+                _unstage(engine, name)
             raise
     try:
         published = store.publish_release(release)
@@ -67,7 +72,7 @@ def deploy(
 def retire(store: Store, engine: EngineTarget, scenario: str, keep: int) -> list[str]:
     """Unload the scenario's variants that are not among its `keep` newest releases."""
     chain = store.list_releases(scenario)
-    wanted = {variant_name(scenario, r.id) for r in chain[-max(keep, 1) :]}
+    wanted = {variant_name(scenario, r.weights_id) for r in chain[-max(keep, 1) :]}
     gone = []
     for name in engine.variants():
         if name.startswith(f"{scenario}@") and name not in wanted:
@@ -77,6 +82,18 @@ def retire(store: Store, engine: EngineTarget, scenario: str, keep: int) -> list
             except ReefError as e:
                 log.warning("unloading %s failed: %s", name, e)
     return gone
+
+
+def _keep_harness(store: Store, release: Release) -> Release:
+    """Weights trained on top of a head with a harness keep serving that harness."""
+    if release.operation not in ("training", "promote") or harness_of(release) is not None:
+        return release
+    if release.parent_id is None:
+        return release
+    ref = harness_of(store.get_release(release.scenario, release.parent_id))
+    if ref is None:
+        return release
+    return dataclasses.replace(release, metadata={**release.metadata, "harness": ref})
 
 
 def _unstage(engine: EngineTarget, name: str) -> None:

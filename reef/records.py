@@ -39,7 +39,7 @@ def content_hash(obj: Any) -> str:
 
 # What made a release: the scenario's creation (seq 0), a training run, a rollback to earlier
 # content, or the promotion of a candidate built elsewhere.
-RELEASE_OPERATIONS = frozenset({"creation", "training", "rollback", "promote"})
+RELEASE_OPERATIONS = frozenset({"creation", "training", "rollback", "promote", "harness"})
 
 # A candidate's life: "pending" until the gate decides; "rejected" by the gate, "published"
 # once its release heads the chain, "failed" when building or publishing it broke, and
@@ -66,6 +66,12 @@ class Release:
     metrics: dict[str, Any] = field(default_factory=dict)
     gate: dict[str, Any] = field(default_factory=dict)  # the gate's decision and its numbers
     model_uri: str | None = None  # the MLflow registry's "models:/..." for this content
+
+    @property
+    def weights_id(self) -> str:
+        """The release whose weights this one serves: itself, or for a release that changed only
+        the harness, the release it kept the weights of (so the engine loads them once)."""
+        return str(self.metadata.get("weights_release_id") or self.id)
 
 
 @dataclass(frozen=True)

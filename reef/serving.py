@@ -17,7 +17,8 @@ from typing import Any
 from reef import anthropic
 from reef.engines.base import Completion, Engine
 from reef.errors import BadRequest, IdempotencyKeyReused, UnknownModel
-from reef.records import Record, Scenario, new_id, utcnow
+from reef.harness import Harness, HarnessCache
+from reef.records import Record, Release, Scenario, new_id, utcnow
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
@@ -80,8 +81,12 @@ class Serving:
         max_tokens_cap: int,
         scenario_ttl_s: float = 2.0,
         variants: Variants | None = None,
+        harnesses: HarnessCache | None = None,
     ):
         self.engine = engine
+        # The harness a scenario's head carries, injected into requests when its config says so.
+        self.harnesses = harnesses
+        self._releases: dict[str, Release] = {}  # release id -> release (immutable: cached)
         # Which engine variant serves a scenario's head release (None: the engine cannot
         # load releases, and every scenario is served by its base model).
         self.variants = variants
@@ -158,6 +163,10 @@ class Serving:
             variant = await self.variants.model_for(scenario.name, scenario.head_release_id)
             if variant is not None:
                 engine_body = {**engine_body, "model": variant}
+        if self.harnesses is not None:
+            # Before the session lookup: records hash the conversation the engine saw, so the
+            # next turn (injected the same way) continues it.
+            engine_body, tags = await self._with_harness(scenario, engine_body, tags)
         if idempotency_key is not None:
             stored = await self._take_key(scenario.name, idempotency_key, client_body, record_id)
             if stored is not None:
@@ -194,6 +203,35 @@ class Serving:
             idempotency_key,
             session.claim,
         )
+
+    async def _with_harness(
+        self, scenario: Scenario, engine_body: dict[str, Any], tags: dict[str, str]
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The head's harness rules and skills catalog in the system message, when its config
+        asks for server-side injection (`{"inject": true}` in harness.json). The record keeps
+        the client's request as sent; its tags say what was injected and from which release."""
+        assert self.harnesses is not None
+        release = self._releases.get(scenario.head_release_id)
+        if release is None:
+            release = await asyncio.to_thread(
+                self.store.get_release, scenario.name, scenario.head_release_id
+            )
+            self._releases[release.id] = release
+        harness = self.harnesses.cached(release)
+        if harness is False:
+            harness = await asyncio.to_thread(self.harnesses.get, release)
+        if not isinstance(harness, Harness) or harness.config().get("inject") is not True:
+            return engine_body, tags
+        text = harness.system_text()
+        if not text:
+            return engine_body, tags
+        messages = harness.inject(engine_body.get("messages") or [])
+        return {**engine_body, "messages": messages}, {
+            **tags,
+            "reef.harness": harness.content_hash(),
+            "reef.harness_release": release.id,
+            "reef.system": text,
+        }
 
     # sessions -------------------------------------------------------------------
     async def _session(

@@ -67,7 +67,7 @@ class Variants:
         release = await self.release(scenario, release_id)
         if release.kind == "base":
             return None
-        name = variant_name(scenario, release_id)
+        name = variant_name(scenario, release.weights_id)
         if name not in self.loaded():
             if not release.uri:
                 raise NotFound(f"release {release_id} has no files to load")

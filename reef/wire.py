@@ -168,6 +168,20 @@ class ReleaseRef(BaseModel):
     release_id: str = Field(min_length=1, max_length=64)
 
 
+class HarnessIn(BaseModel):
+    """A new harness for a scenario: all of its files, or edits to the head's harness."""
+
+    model_config = ConfigDict(extra="forbid")
+    files: dict[str, str] | None = Field(
+        None, description="path -> text: the whole harness (replaces the head's)"
+    )
+    edits: list[dict[str, Any]] | None = Field(
+        None,
+        description='edits of the head\'s harness: {"op": "create"|"update"|"remove", "path", '
+        '"content"}',
+    )
+
+
 class LoadAdapterIn(BaseModel):
     """vLLM's /v1/load_lora_adapter body."""
 

@@ -31,6 +31,9 @@ def _scenario_out(s: Scenario) -> ScenarioOut:
     return ScenarioOut(**dataclasses.asdict(s))
 
 
+MAX_SESSION_TURNS = 1000
+
+
 def _record_out(r: Record) -> RecordOut:
     return RecordOut(**dataclasses.asdict(r))
 
@@ -101,6 +104,32 @@ async def list_records(
 async def get_record(request: Request, scenario: str, record_id: str) -> RecordOut:
     svc, _, name = caller(request, scenario)
     return _record_out(await asyncio.to_thread(svc.store.get_record, name, record_id))
+
+
+@router.get(
+    "/scenarios/{scenario}/sessions/{session_id}",
+    response_model=RecordList,
+    summary="A session's records, first turn first (the chain of turns ending at its last)",
+)
+async def get_session(request: Request, scenario: str, session_id: str) -> RecordList:
+    svc, _, name = caller(request, scenario)
+
+    def chain() -> list[Record]:
+        tail = svc.store.session_tail(name, session_id)
+        out: list[Record] = []
+        while tail is not None and len(out) < MAX_SESSION_TURNS:
+            out.append(tail)
+            parent = tail.parent_id
+            tail = svc.store.get_record(name, parent) if parent else None
+        return out[::-1]
+
+    await asyncio.to_thread(svc.store.get_scenario, name)  # 404 for an unknown scenario
+    records = await asyncio.to_thread(chain)
+    return RecordList(
+        data=[_record_out(r) for r in records],
+        has_more=False,
+        last_id=records[-1].id if records else None,
+    )
 
 
 @router.get("/scenarios/{scenario}/reports", response_model=ReportList)

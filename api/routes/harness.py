@@ -1,0 +1,161 @@
+"""Harness routes: read a release's harness (the manifest and files), and publish a new one.
+
+A harness is released on the scenario's chain like weights: a new harness release keeps the
+head's weights and goes through the same deploy step (stage → verify → compare-and-swap).
+Executable content (extensions, scripts) is never released from here: it waits for review.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import PlainTextResponse
+
+from api.answers import schema_ref
+from api.bodies import read_json, validate
+from api.routes.experience import artifacts_of
+from api.routes.releases import _publish, release_out
+from api.services import Services, caller
+from reef.errors import BadRequest, Conflict, NotFound
+from reef.harness import Harness, HarnessCache, harness_release, store_harness
+from reef.records import Release
+from reef.wire import HarnessIn, ReleaseOut
+
+router = APIRouter(tags=["harness"])
+
+ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
+PI_PACKAGE = "@mariozechner/pi-coding-agent"
+PI_VERSION = "0.73.1"
+_SHELL_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]+")
+
+
+@router.get(
+    "/reef/harness",
+    summary="The harness a release carries (default: the scenario's head): manifest and files",
+)
+async def get_harness(
+    request: Request,
+    scenario: str | None = None,
+    release_id: str | None = None,
+    content: bool = True,
+) -> dict[str, Any]:
+    svc, _, name = caller(request, scenario)
+    release = await _release(svc, name, release_id)
+    harness = await asyncio.to_thread(_cache(svc).get, release)
+    head = await asyncio.to_thread(svc.store.get_scenario, name)
+    out: dict[str, Any] = {
+        "object": "harness",
+        "scenario": name,
+        "release_id": release.id,
+        "parent_release_id": release.parent_id,
+        "current": release.id == head.head_release_id,
+        "content_hash": None,
+        "inject": False,
+        "files": [],
+        "executable": [],
+        "evaluation": {"gate": release.gate, "metrics": release.metrics},
+    }
+    if harness is None:
+        return out
+    manifest = harness.manifest()
+    files = manifest["files"]
+    if content:
+        files = [{**f, "content": harness.files[f["path"]]} for f in files]
+    out.update(
+        content_hash=manifest["content_hash"],
+        inject=harness.config().get("inject") is True,
+        files=files,
+        executable=harness.executable_files(),
+        skills=[s.__dict__ for s in harness.skills()],
+    )
+    return out
+
+
+@router.get(
+    "/reef/harness/install",
+    response_class=PlainTextResponse,
+    summary="A POSIX sh script installing an agent with the scenario's harness (adapter=pi)",
+)
+async def install_script(
+    request: Request,
+    adapter: str,
+    scenario: str | None = None,
+    context_window: Annotated[int, Query(ge=256, le=1_048_576)] = 8192,
+    max_tokens: Annotated[int | None, Query(ge=1)] = None,
+) -> PlainTextResponse:
+    svc, _, name = caller(request, scenario)
+    if adapter != "pi":
+        raise NotFound(f"no installer for adapter '{adapter}' (there is: pi)", param="adapter")
+    values = {
+        "REEF_URL": str(request.base_url).rstrip("/"),
+        "SCENARIO": name,
+        "MODEL": svc.serving.models()[0],
+        "CONTEXT_WINDOW": str(context_window),
+        "MAX_TOKENS": str(min(max_tokens or 1024, svc.settings.server.max_tokens_cap)),
+        "PI_PACKAGE": PI_PACKAGE,
+        "PI_VERSION": PI_VERSION,
+    }
+    for key, value in values.items():  # they land in sh and JSON literals: nothing to escape
+        if not _SHELL_SAFE.fullmatch(value):
+            raise BadRequest(f"cannot write {key.lower()} '{value}' into an install script")
+    script = (ADAPTERS / "pi" / "install.sh").read_text()
+    script = script.replace("@REEF_PI_MJS@", (ADAPTERS / "pi" / "reef-pi.mjs").read_text().rstrip())
+    for key, value in values.items():
+        script = script.replace(f"@{key}@", value)
+    return PlainTextResponse(script, media_type="text/x-shellscript")
+
+
+@router.post(
+    "/reef/scenarios/{scenario}/harness",
+    response_model=ReleaseOut,
+    status_code=201,
+    openapi_extra=schema_ref(HarnessIn),
+    summary="Release a new harness on the scenario's chain, keeping its weights (admin)",
+    responses={409: {"description": "the head moved meanwhile, or nothing changed"}},
+)
+async def publish_harness(request: Request, scenario: str) -> ReleaseOut:
+    svc, principal, name = caller(request, scenario)
+    principal.require_admin("releasing a harness")
+    body = validate(HarnessIn, await read_json(request, svc.settings.server.max_body_bytes))
+    if (body.files is None) == (body.edits is None):
+        raise BadRequest("give either 'files' (the whole harness) or 'edits'", param="files")
+    await asyncio.to_thread(svc.store.ensure_scenario, name)  # as a first call would
+    head = await asyncio.to_thread(svc.store.head_release, name)
+    current = await asyncio.to_thread(_cache(svc).get, head)
+    current = current or Harness.empty()
+    if body.files is not None:
+        new = Harness(body.files).validate()
+    else:
+        new = current.apply(body.edits or [])
+    if new.content_hash() == current.content_hash():
+        raise Conflict("the head already serves this harness", code="harness_unchanged")
+    added = sorted(set(new.executable_files()) - set(current.executable_files()))
+    if added:
+        raise Conflict(
+            f"the harness adds executable content ({', '.join(added)}): it is never released "
+            "without review",
+            code="harness_needs_review",
+        )
+    ref = await asyncio.to_thread(store_harness, artifacts_of(svc.settings), name, new)
+    release = harness_release(head, ref)
+    if release.kind == "base" and svc.variants is None:  # nothing to stage in the engine
+        published = await asyncio.to_thread(svc.store.publish_release, release)
+        svc.serving.forget(name)
+        return release_out(published, published.id)
+    return await _publish(svc, release)
+
+
+async def _release(svc: Services, scenario: str, release_id: str | None) -> Release:
+    if release_id is None:
+        return await asyncio.to_thread(svc.store.head_release, scenario)
+    return await asyncio.to_thread(svc.store.get_release, scenario, release_id)
+
+
+def _cache(svc: Services) -> HarnessCache:
+    cache = svc.serving.harnesses
+    assert cache is not None  # create_app always gives Serving one
+    return cache

@@ -1,0 +1,167 @@
+"""Harness releases through a real `reef serve`: published on the chain like weights, read back
+by GET /reef/harness, injected server-side into every call when the harness says so (visible in
+the record, switchable per scenario), kept by a weights release made on top, and refused when
+invalid or when it adds executable content."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from deploy.engine import EngineAdmin
+from deploy.release import deploy
+from reef.models import resolve_model
+from reef.records import Release, new_id, utcnow
+from reef.store.sql import open_store
+from tests.engines.test_embedded_releases import lora
+from tests.reefserver import ReefServer
+
+RULES = "Answer in French. Keep it short."
+SKILL = "---\nname: greet\ndescription: Greets the user politely.\n---\nSay bonjour first.\n"
+HARNESS = {
+    "AGENTS.md": RULES,
+    "skills/greet/SKILL.md": SKILL,
+    "harness.json": json.dumps({"inject": True}),
+}
+
+
+def _publish(server: ReefServer, scenario: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}/reef/scenarios/{scenario}/harness", json=body, timeout=60)
+
+
+def _harness(server: ReefServer, scenario: str, **params: str) -> dict:
+    r = httpx.get(f"{server.url}/reef/harness", params={"scenario": scenario, **params})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _call(server: ReefServer, scenario: str) -> tuple[dict, str]:
+    client = openai.OpenAI(
+        base_url=server.base_url, api_key="none", default_headers={"x-reef-scenario": scenario}
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=[{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}],
+        max_tokens=2,
+    )
+    rid = raw.headers["x-reef-agent-record-id"]
+    rec = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records/{rid}").json()
+    return rec, raw.headers["x-reef-release-id"]
+
+
+def test_a_harness_release_is_served_and_injected(server: ReefServer, scenario: str) -> None:
+    plain, base_release = _call(server, scenario)
+    assert not any(k.startswith("reef.") for k in plain["tags"])
+    empty = _harness(server, scenario)
+    assert empty["content_hash"] is None and empty["files"] == []
+
+    r = _publish(server, scenario, {"files": HARNESS})
+    assert r.status_code == 201, r.text
+    release = r.json()
+    assert release["operation"] == "harness" and release["parent_release_id"] == base_release
+    assert release["kind"] == "base"  # the weights stay the head's
+
+    got = _harness(server, scenario)
+    assert got["release_id"] == release["release_id"] and got["current"] and got["inject"]
+    assert got["content_hash"].startswith("sha256:")
+    assert {f["path"]: f["content"] for f in got["files"]} == HARNESS
+    assert got["skills"] == [
+        {
+            "name": "greet",
+            "description": "Greets the user politely.",
+            "path": "skills/greet/SKILL.md",
+        }
+    ]
+    # an earlier release's harness by id: the base had none
+    assert _harness(server, scenario, release_id=base_release)["files"] == []
+
+    rec, served_by = _call(server, scenario)
+    assert served_by == rec["release_id"] == release["release_id"]
+    tags = rec["tags"]
+    assert tags["reef.harness"] == got["content_hash"]
+    assert tags["reef.harness_release"] == release["release_id"]
+    assert (
+        RULES in tags["reef.system"] and "greet: Greets the user politely." in tags["reef.system"]
+    )
+    assert rec["request"]["messages"][0]["content"] == "You help."  # the client's, as sent
+    # the engine saw the rules: the prompt grew by them
+    assert len(rec["prompt_token_ids"]) > len(plain["prompt_token_ids"]) + 10
+
+    # switched off for this scenario by its harness config: served as sent again
+    r = _publish(
+        server,
+        scenario,
+        {"edits": [{"op": "update", "path": "harness.json", "content": '{"inject": false}'}]},
+    )
+    assert r.status_code == 201, r.text
+    rec, _ = _call(server, scenario)
+    assert "reef.system" not in rec["tags"]
+    assert len(rec["prompt_token_ids"]) == len(plain["prompt_token_ids"])
+
+
+def test_bad_or_executable_harnesses_are_refused(server: ReefServer, scenario: str) -> None:
+    httpx.post(f"{server.url}/reef/scenarios", json={"name": scenario}).raise_for_status()
+    chain = lambda: httpx.get(f"{server.url}/reef/scenarios/{scenario}/releases").json()["data"]  # noqa: E731
+    before = chain()
+    for files, code in [
+        ({"../AGENTS.md": "x"}, "invalid_harness"),
+        ({"/etc/AGENTS.md": "x"}, "invalid_harness"),
+        ({"skills/x/SKILL.md": "no front matter"}, "invalid_harness"),
+        ({"AGENTS.md": "ok", "scripts/setup.sh": "#!/bin/sh\nrm -rf ~\n"}, "harness_needs_review"),
+        ({"extensions/tool.ts": "export default 1"}, "harness_needs_review"),
+    ]:
+        r = _publish(server, scenario, {"files": files})
+        assert r.status_code in (400, 409), r.text
+        assert r.json()["error"]["code"] == code, (files, r.text)
+    r = _publish(server, scenario, {"files": {"AGENTS.md": "ok"}, "edits": []})
+    assert r.status_code == 400
+    assert chain() == before  # nothing was released
+
+    assert _publish(server, scenario, {"files": {"AGENTS.md": "ok"}}).status_code == 201
+    r = _publish(server, scenario, {"files": {"AGENTS.md": "ok"}})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "harness_unchanged"
+
+
+def test_weights_trained_on_a_harness_keep_it(
+    server: ReefServer, scenario: str, tmp_path: Path
+) -> None:
+    r = _publish(server, scenario, {"files": HARNESS})
+    assert r.status_code == 201, r.text
+    harness_release = r.json()["release_id"]
+    tiny = resolve_model("tiny", Path.home() / ".cache" / "reef" / "models")
+    lora(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), 3, tmp_path / "a")
+    store = open_store(f"sqlite:///{server.state_dir / 'reef.db'}")
+    admin = EngineAdmin(server.url)
+    try:
+        release = Release(
+            id=new_id("rel"),
+            scenario=scenario,
+            seq=0,
+            parent_id=harness_release,
+            kind="adapter",
+            created_at=utcnow(),
+            uri=str(tmp_path / "a"),
+            operation="training",
+        )
+        published, _ = deploy(store, admin, release)
+    finally:
+        admin.close()
+        store.close()
+    got = _harness(server, scenario)
+    assert got["release_id"] == published.id and got["inject"]
+    assert {f["path"] for f in got["files"]} == set(HARNESS)
+    rec, served_by = _call(server, scenario)
+    assert served_by == published.id and rec["tags"]["reef.harness_release"] == published.id
+
+
+@pytest.mark.parametrize("params", [{"release_id": "rel_nope"}])
+def test_unknown_release_is_404(server: ReefServer, scenario: str, params: dict) -> None:
+    httpx.post(f"{server.url}/reef/scenarios", json={"name": scenario}).raise_for_status()
+    r = httpx.get(f"{server.url}/reef/harness", params={"scenario": scenario, **params})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
