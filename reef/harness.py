@@ -412,11 +412,3 @@ class HarnessCache:
             hit = Harness.read(self.artifacts.fetch_tree(key, self.cache_dir / key))
             self._by_key[key] = hit
         return hit
-
-    def cached(self, release: Release) -> Harness | bool | None:
-        """The harness when already read, None when the release has none, False when it must
-        be read first (with `get`)."""
-        ref = harness_of(release)
-        if ref is None:
-            return None
-        return self._by_key.get(str(ref["key"]), False)

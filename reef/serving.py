@@ -18,7 +18,7 @@ from reef import anthropic
 from reef.engines.base import Completion, Engine
 from reef.errors import BadRequest, IdempotencyKeyReused, UnknownModel
 from reef.harness import Harness, HarnessCache
-from reef.records import Record, Release, Scenario, new_id, utcnow
+from reef.records import Record, Scenario, new_id, utcnow
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
@@ -86,7 +86,8 @@ class Serving:
         self.engine = engine
         # The harness a scenario's head carries, injected into requests when its config says so.
         self.harnesses = harnesses
-        self._releases: dict[str, Release] = {}  # release id -> release (immutable: cached)
+        # release id -> (its harness, the record tags saying what was injected); None: nothing
+        self._injections: dict[str, tuple[Harness, dict[str, str]] | None] = {}
         # Which engine variant serves a scenario's head release (None: the engine cannot
         # load releases, and every scenario is served by its base model).
         self.variants = variants
@@ -211,27 +212,30 @@ class Serving:
         asks for server-side injection (`{"inject": true}` in harness.json). The record keeps
         the client's request as sent; its tags say what was injected and from which release."""
         assert self.harnesses is not None
-        release = self._releases.get(scenario.head_release_id)
-        if release is None:
-            release = await asyncio.to_thread(
-                self.store.get_release, scenario.name, scenario.head_release_id
-            )
-            self._releases[release.id] = release
-        harness = self.harnesses.cached(release)
-        if harness is False:
+        release_id = scenario.head_release_id
+        if release_id not in self._injections:  # once per release: releases never change
+            release = await asyncio.to_thread(self.store.get_release, scenario.name, release_id)
             harness = await asyncio.to_thread(self.harnesses.get, release)
-        if not isinstance(harness, Harness) or harness.config().get("inject") is not True:
+            text = harness.system_text() if harness is not None else ""
+            inject = harness is not None and harness.config().get("inject") is True
+            self._injections[release_id] = (
+                (
+                    harness,
+                    {
+                        "reef.harness": harness.content_hash(),
+                        "reef.harness_release": release_id,
+                        "reef.system": text,
+                    },
+                )
+                if inject and text and harness is not None
+                else None
+            )
+        injection = self._injections[release_id]
+        if injection is None:
             return engine_body, tags
-        text = harness.system_text()
-        if not text:
-            return engine_body, tags
+        harness, injected = injection
         messages = harness.inject(engine_body.get("messages") or [])
-        return {**engine_body, "messages": messages}, {
-            **tags,
-            "reef.harness": harness.content_hash(),
-            "reef.harness_release": release.id,
-            "reef.system": text,
-        }
+        return {**engine_body, "messages": messages}, {**tags, **injected}
 
     # sessions -------------------------------------------------------------------
     async def _session(

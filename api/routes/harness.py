@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse
 from api.answers import schema_ref
 from api.bodies import read_json, validate
 from api.routes.experience import artifacts_of
-from api.routes.releases import _publish, release_out
+from api.routes.releases import deploy_here, release_out
 from api.services import Services, caller
 from reef.errors import BadRequest, Conflict, NotFound
 from reef.harness import Harness, HarnessCache, harness_release, store_harness
@@ -146,7 +146,7 @@ async def publish_harness(request: Request, scenario: str) -> ReleaseOut:
         published = await asyncio.to_thread(svc.store.publish_release, release)
         svc.serving.forget(name)
         return release_out(published, published.id)
-    return await _publish(svc, release)
+    return await deploy_here(svc, release)
 
 
 async def _release(svc: Services, scenario: str, release_id: str | None) -> Release:

@@ -146,7 +146,9 @@ def _register(svc: Services, release: Release) -> Release:
     return dataclasses.replace(release, model_uri=model_uri)
 
 
-async def _publish(svc: Services, release: Release) -> ReleaseOut:
+async def deploy_here(svc: Services, release: Release) -> ReleaseOut:
+    """Deploy `release` into this process's engine (stage, verify, compare-and-swap of the
+    head, MLflow alias), as rollback, promote and a harness release do."""
     from deploy.release import deploy
     from reef import registry
 
@@ -195,7 +197,7 @@ async def rollback(request: Request, scenario: str) -> ReleaseOut:
         metadata={**target.metadata, "source_release_id": target.id},
     )
     release = await asyncio.to_thread(_register, svc, release)
-    return await _publish(svc, release)
+    return await deploy_here(svc, release)
 
 
 @router.post(
@@ -241,7 +243,7 @@ async def promote(request: Request, scenario: str) -> ReleaseOut:
         svc.store.set_candidate_status, name, cand.id, "published", expected="pending"
     )
     try:
-        return await _publish(svc, release)
+        return await deploy_here(svc, release)
     except Exception as e:
         await asyncio.to_thread(
             svc.store.set_candidate_status,
