@@ -269,6 +269,14 @@ class VllmEngine(UpstreamEngine):
     async def start(self) -> None:
         if self.server is not None:
             await asyncio.to_thread(self.server.start)
+        try:
+            await self._connect()
+        except BaseException:
+            if self.server is not None:  # the app never starts: do not leave vLLM behind
+                await asyncio.to_thread(self.server.stop)
+            raise
+
+    async def _connect(self) -> None:
         self._admin = httpx.AsyncClient(base_url=self.root_url, timeout=self.admin_timeout_s)
         listing = await self._call("GET", "/v1/models", what="listing vLLM's models")
         served = [m["id"] for m in listing.get("data", []) if not m.get("parent")]
