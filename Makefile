@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv vllm-venv test-vllm run test test-slow test-all lint fmt bench bench-embedded bench-evolve demo smollm2 clean
+.PHONY: venv vllm-venv test-vllm run test test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo smollm2 clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -86,6 +86,9 @@ bench-embedded: venv smollm2
 # Seconds from the last report of a batch to the first answer of the new release (tiny, SmolLM2).
 bench-evolve: venv smollm2
 	$(BIN)/python bench/evolve_latency.py
+
+bench-harness: venv smollm2
+	$(BIN)/python bench/harness_evolve.py
 
 # SmolLM2 learns "answer in at most five words" from feedback; DEMO_ARGS=--docs refreshes the PNG.
 DEMO_ARGS ?=

@@ -57,16 +57,25 @@ class Evolver:
 
     def notify(self, scenario: str) -> None:
         """A report arrived for `scenario`: the worker checks whether a batch is ready."""
+        self._send(scenario)
+
+    def run_job(self, scenario: str, job_id: str) -> bool:
+        """Hand a user's job to the worker; False when the worker is not running."""
+        return self._send(f"job {scenario} {job_id}")
+
+    def _send(self, line: str) -> bool:
         proc = self._proc
         if proc is None or proc.poll() is not None:
-            return
+            return False
         stdin: IO[str] | None = proc.stdin
         try:
             assert stdin is not None
-            stdin.write(scenario + "\n")
+            stdin.write(line + "\n")
             stdin.flush()
         except (BrokenPipeError, OSError) as e:
             log.warning("evolve worker is gone: %s", e)
+            return False
+        return True
 
     def stop(self, timeout_s: float = 30.0) -> None:
         proc, self._proc = self._proc, None

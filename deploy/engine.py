@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from reef.errors import ReefError
+from reef.errors import EngineUnavailable, ReefError
 
 
 class DeployError(ReefError):
@@ -92,3 +92,17 @@ class EngineAdmin:
 
     def refresh(self, scenario: str) -> None:
         self._post("/reef/engine/refresh", {"scenario": scenario})
+
+    def generate(self, scenario: str, messages: list[dict[str, Any]], **options: Any) -> str:
+        """One unrecorded generation on a release's weights (`release_id`, default the head;
+        `max_tokens`, `temperature`, `seed`). EngineUnavailable when the engine cannot answer
+        (transport errors, 429, 5xx); DeployError when it refuses the request (other 4xx)."""
+        path = "/reef/engine/generate"
+        body = {"scenario": scenario, "messages": messages, **options}
+        try:
+            r = self._client.post(path, json=body)
+        except httpx.HTTPError as e:
+            raise EngineUnavailable(f"engine at {self.base_url} unreachable: {e}") from None
+        if r.status_code == 429 or r.status_code >= 500:
+            raise EngineUnavailable(f"{path} on {self.base_url}: {r.status_code} {r.text[:300]}")
+        return str(self._answer(r, path).get("text", ""))

@@ -173,10 +173,9 @@ def evaluate(
     )
 
 
-@task(retries=0, cache_policy=NO_CACHE)
-def gate(evaluation: Evaluation, settings: Settings) -> Decision:
+def gate_policy(settings: Settings) -> GatePolicy:
     g = settings.gate
-    policy = GatePolicy(
+    return GatePolicy(
         policy=g.policy,
         margin=g.margin,
         confidence=g.confidence,
@@ -184,7 +183,21 @@ def gate(evaluation: Evaluation, settings: Settings) -> Decision:
         bootstrap_samples=g.bootstrap_samples,
         seed=settings.reef.seed,
     )
-    return decide(evaluation.candidate, evaluation.head, policy)
+
+
+@task(retries=0, cache_policy=NO_CACHE)
+def gate(evaluation: Evaluation, settings: Settings) -> Decision:
+    return decide(evaluation.candidate, evaluation.head, gate_policy(settings))
+
+
+def log_gate(decision: Decision, evaluation: dict[str, Any], metrics: dict[str, float]) -> None:
+    """The gate's verdict in the flow's MLflow run (metrics, tags, gate.json) and its log."""
+    import mlflow
+
+    mlflow.log_metrics(metrics)
+    mlflow.set_tags({"reef.gate": decision.status, "reef.gate_reason": decision.reason[:5000]})
+    mlflow.log_dict({"decision": decision.as_dict(), "evaluation": evaluation}, "gate.json")
+    get_run_logger().info("gate: %s — %s", decision.status, decision.reason)
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -251,9 +264,14 @@ def publish(
         store.close()
 
 
-def release_of(candidate: Candidate, operation: str = "training") -> Release:
-    """The release a published candidate becomes (the store assigns seq and created_at)."""
-    key = f"releases/{candidate.scenario}/{candidate.content_hash}"
+def release_of(candidate: Candidate, operation: str | None = None) -> Release:
+    """The release a published candidate becomes (the store assigns seq and created_at). A
+    harness candidate carries its release's metadata (the harness, the weights it keeps)."""
+    if candidate.operation == "harness":
+        metadata = dict(candidate.metadata)
+    else:
+        key = f"releases/{candidate.scenario}/{candidate.content_hash}"
+        metadata = {"artifact_key": key, **candidate.metadata}
     return Release(
         id=candidate.id,
         scenario=candidate.scenario,
@@ -262,8 +280,8 @@ def release_of(candidate: Candidate, operation: str = "training") -> Release:
         kind=candidate.kind,
         created_at=utcnow(),
         uri=candidate.uri,
-        metadata={"artifact_key": key},
-        operation=operation,
+        metadata=metadata,
+        operation=operation or candidate.operation,
         content_hash=candidate.content_hash,
         recipe=candidate.recipe,
         dataset_id=candidate.dataset_id,
@@ -274,7 +292,7 @@ def release_of(candidate: Candidate, operation: str = "training") -> Release:
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def deploy(settings: Settings, candidate: Candidate, operation: str = "training") -> Release:
+def deploy(settings: Settings, candidate: Candidate, operation: str | None = None) -> Release:
     """Stage + verify in the serving engine, then move the head (CAS) and the MLflow alias."""
     from deploy.engine import EngineAdmin
     from deploy.release import deploy as deploy_release
@@ -391,6 +409,62 @@ def _consume(
         store.close()
 
 
+def _weights_candidate(
+    settings: Settings,
+    recipe: Recipe,
+    base_model: Path,
+    head: Release,
+    snapshot: Any,
+    train_rows: list[dict[str, Any]],
+    held_out: list[dict[str, Any]],
+    run_id: str,
+) -> tuple[Candidate, Decision] | dict[str, Any]:
+    """Train, evaluate, gate and publish one weights candidate (inside the flow's MLflow run);
+    or what happened instead when the batch has nothing to teach the recipe."""
+    import mlflow
+    import pyarrow as pa
+
+    with tempfile.TemporaryDirectory(prefix="reef-candidate-") as tmp:
+        job = TrainJob(
+            scenario=head.scenario,
+            base_model=base_model,
+            dataset=pa.Table.from_pylist(train_rows, schema=snapshot.schema),
+            out_dir=Path(tmp) / "candidate",
+            parent_kind=head.kind if head.kind in ("adapter", "checkpoint") else "base",  # type: ignore[arg-type]
+            parent_path=_release_files(settings, head),
+            seed=settings.reef.seed,
+        )
+        try:
+            trained = train(recipe, job)
+        except ReefError as e:
+            if e.code != "nothing_to_train":
+                raise
+            return {"status": "nothing_to_train", "reason": e.message}
+        mlflow.log_metrics(trained.metrics)
+        evaluation = evaluate(recipe, settings, base_model, head, trained, held_out)
+        decision = gate(evaluation, settings)
+        metrics = {
+            **trained.metrics,
+            "eval_samples": float(len(evaluation.sample_ids)),
+            "eval_seconds": evaluation.seconds,
+            **decision.metrics(),
+        }
+        log_gate(decision, evaluation.__dict__, metrics)
+        candidate = publish(
+            settings,
+            head.scenario,
+            recipe,
+            head,
+            trained,
+            decision,
+            snapshot.content_hash,
+            metrics,
+            run_id,
+            base_model,
+        )
+    return candidate, decision
+
+
 # the flow -----------------------------------------------------------------------------------
 @flow(name="evolve")
 def evolve(
@@ -416,7 +490,9 @@ def evolve(
         # SFT steps ran 3-4x slower on torch's default 2 threads than on 1.
         torch.set_num_threads(loop.train_threads)
     recipe = load_recipe(loop.recipe, loop.params)
-    base_model = _base_model(settings)
+    evolves_harness = recipe.target == "harness"
+    # A harness recipe keeps the weights: it needs no weights of its own (any engine serves).
+    base_model = None if evolves_harness else _base_model(settings)
     store = open_store(settings.database_url)
     try:
         store.ensure_scenario(scenario)
@@ -474,58 +550,31 @@ def evolve(
             }
         )
         log_snapshot_input(snapshot, context="training")
-        import pyarrow as pa
+        made: tuple[Candidate, Decision] | dict[str, Any]
+        if evolves_harness:
+            from flows.harness import make_candidate
 
-        with tempfile.TemporaryDirectory(prefix="reef-candidate-") as tmp:
-            job = TrainJob(
-                scenario=scenario,
-                base_model=base_model,
-                dataset=pa.Table.from_pylist(train_rows, schema=snapshot.schema),
-                out_dir=Path(tmp) / "candidate",
-                parent_kind=head.kind if head.kind in ("adapter", "checkpoint") else "base",  # type: ignore[arg-type]
-                parent_path=_release_files(settings, head),
-                seed=loop.seed,
-            )
-            try:
-                trained = train(recipe, job)
-            except ReefError as e:
-                if e.code != "nothing_to_train":
-                    raise
-                # Nothing in this batch can teach the recipe (e.g. no answer passed the
-                # threshold): consume it, or every new report would retrain on it again.
-                mlflow.set_tag("reef.nothing_to_train", e.message[:5000])
-                _consume(settings, scenario, loop.recipe, experience, trained_ids, new_id("batch"))
-                return {"status": "nothing_to_train", "reason": e.message}
-            mlflow.log_metrics(trained.metrics)
-            evaluation = evaluate(recipe, settings, base_model, head, trained, held_out)
-            decision = gate(evaluation, settings)
-            metrics = {
-                **trained.metrics,
-                "eval_samples": float(len(evaluation.sample_ids)),
-                "eval_seconds": evaluation.seconds,
-                **decision.metrics(),
-            }
-            mlflow.log_metrics(metrics)
-            mlflow.set_tags(
-                {"reef.gate": decision.status, "reef.gate_reason": decision.reason[:5000]}
-            )
-            mlflow.log_dict(
-                {"decision": decision.as_dict(), "evaluation": evaluation.__dict__},
-                "gate.json",
-            )
-            logger.info("gate: %s — %s", decision.status, decision.reason)
-            candidate = publish(
+            made = make_candidate(
                 settings,
-                scenario,
-                recipe,
+                recipe,  # type: ignore[arg-type]
                 head,
-                trained,
-                decision,
+                train_rows,
+                held_out,
                 snapshot.content_hash,
-                metrics,
                 run.info.run_id,
-                base_model,
             )
+        else:
+            assert base_model is not None
+            made = _weights_candidate(
+                settings, recipe, base_model, head, snapshot, train_rows, held_out, run.info.run_id
+            )
+        if isinstance(made, dict):
+            # Nothing in this batch can teach the recipe (e.g. no answer passed the threshold):
+            # consume it, or every new report would retrain on it again.
+            mlflow.set_tag("reef.nothing_to_train", str(made["reason"])[:5000])
+            _consume(settings, scenario, loop.recipe, experience, trained_ids, new_id("batch"))
+            return made
+        candidate, decision = made
 
         # The batch is consumed once the run has decided its candidate (rejected, declined, or
         # published); a run that fails before that leaves it eligible, so it is tried again.

@@ -28,6 +28,11 @@ from reef.settings import Settings, load_settings
 log = logging.getLogger("reef.worker")
 
 DEPLOYMENT = "evolve/evolve"
+INSTRUCT_DEPLOYMENT = "instruct/instruct"
+
+
+# A line `job <scenario> <job id>` on stdin is a user's job; any other line is a scenario name.
+JOB_PREFIX = "job "
 
 
 def prefect_server() -> str | None:
@@ -67,6 +72,30 @@ def run_once(
     from flows.evolve import evolve
 
     return evolve(scenario, config=config, overrides=overrides)
+
+
+def run_job(
+    settings: Settings, scenario: str, job_id: str, config: str | None, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """Run a user's job (POST /reef/train: the instruct flow) now, or submit it to Prefect."""
+    if prefect_server():
+        from prefect.deployments import run_deployment
+
+        where = str(Path(config).resolve()) if config else None
+        run: Any = run_deployment(
+            INSTRUCT_DEPLOYMENT,
+            parameters={
+                "scenario": scenario,
+                "job_id": job_id,
+                "config": where,
+                "overrides": overrides,
+            },
+            timeout=0,
+        )
+        return {"status": "submitted", "flow_run_id": str(run.id)}
+    from flows.harness import instruct
+
+    return instruct(scenario, job_id, config=config, overrides=overrides)
 
 
 def _preload() -> None:
@@ -115,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     from reef.recipe import recipe_class
 
-    kind = recipe_class(settings.reef.recipe).kind
+    chosen = recipe_class(settings.reef.recipe)
+    kind = chosen.kind
+    # An upstream engine's weights cannot be trained: its worker runs harness work only.
+    evolving = settings.engine.kind != "upstream" or chosen.target == "harness"
     pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
     submitted: dict[str, str] = {}  # scenario -> its deployment run still owning a batch
 
@@ -144,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if name is None:
             return 0
         names = {name}
+        jobs: list[tuple[str, str]] = []
         while True:  # coalesce a burst of reports into one check per scenario
             try:
                 more = pending.get_nowait()
@@ -152,6 +185,21 @@ def main(argv: list[str] | None = None) -> int:
             if more is None:
                 return 0
             names.add(more)
+        for line in sorted(n for n in names if n.startswith(JOB_PREFIX)):
+            names.discard(line)
+            _, scenario, job_id = line.split()
+            jobs.append((scenario, job_id))
+        for scenario, job_id in jobs:  # users wait on these: before any evolve run
+            try:
+                log.info("%s: job %s", scenario, job_id)
+                result = run_job(settings, scenario, job_id, args.config, overrides)
+                log.info("%s: job %s %s", scenario, job_id, json.dumps(result, default=str)[:2000])
+            except ReefError as e:
+                log.error("%s: job %s failed: %s", scenario, job_id, e.message)
+            except Exception:
+                log.exception("%s: job %s failed", scenario, job_id)
+        if not evolving:
+            continue
         if "*" in names:
             from reef.store.sql import open_store
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from reef.errors import BadRequest
+from reef.experience import correction as correction  # recipes read it from here
 from reef.recipe import Progress, ReleaseKind, TrainJob
 
 log = logging.getLogger(__name__)
@@ -167,18 +168,6 @@ def chat_messages(text: str) -> list[dict[str, Any]]:
             message["content"] = ""
         out.append(message)
     return out
-
-
-def correction(feedback: str | None) -> str | None:
-    """The corrected answer a structured feedback object carries under "correction", if any."""
-    if feedback is None:
-        return None
-    try:
-        value = json.loads(feedback)
-    except ValueError:
-        return None
-    fixed = value.get("correction") if isinstance(value, dict) else None
-    return fixed if isinstance(fixed, str) and fixed.strip() else None
 
 
 def reference_model(model: Any) -> Any:

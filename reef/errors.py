@@ -94,6 +94,14 @@ class EngineUnavailable(EngineError):
     code = "engine_unavailable"
 
 
+class ServiceUnavailable(ReefError):
+    """Something this request needs is not running here (a worker, say)."""
+
+    status = 503
+    type = "server_error"
+    code = "unavailable"
+
+
 class UpstreamError(EngineError):
     """The upstream server failed (5xx) or could not be reached."""
 

@@ -592,3 +592,15 @@ def readiness(
 def dumps(obj: Any) -> str:
     """Canonical JSON text (sorted keys) for message lists and feedback objects in datasets."""
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def correction(feedback: str | None) -> str | None:
+    """The corrected answer a structured feedback object carries under "correction", if any."""
+    if feedback is None:
+        return None
+    try:
+        value = orjson.loads(feedback)
+    except orjson.JSONDecodeError:
+        return None
+    fixed = value.get("correction") if isinstance(value, dict) else None
+    return fixed if isinstance(fixed, str) and fixed.strip() else None

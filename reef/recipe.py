@@ -34,6 +34,7 @@ RECIPES: dict[str, str] = {
     "dpo": "recipes.dpo:DPORecipe",
     "sao": "recipes.sao.recipe:SAORecipe",
     "grpo": "recipes.grpo:GRPORecipe",
+    "harness": "recipes.harness.recipe:HarnessRecipe",
 }
 
 # A scorer (reward function) as TRL takes them: completions plus the dataset's other columns
@@ -107,6 +108,8 @@ class Recipe(ABC):
 
     name: ClassVar[str]
     kind: ClassVar[Kind]
+    # What a candidate changes: the weights (train) or the harness (recipes.harness: search).
+    target: ClassVar[Literal["weights", "harness"]] = "weights"
     contract: ClassVar[ReportContract] = ReportContract()
     Params: ClassVar[type[Any]]
 

@@ -94,6 +94,33 @@ class Candidate:
     model_uri: str | None
     updated_at: datetime
     message: str | None = None  # why it failed or was rejected
+    operation: str = "training"  # the release operation it publishes as: training | harness
+    # What its release's metadata will hold beyond the files: for a harness candidate, the
+    # harness reference and the parent weights it keeps (reef.harness.harness_release).
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# An asynchronous job a user started and polls (POST /reef/train): "queued" until a worker takes
+# it, "running" with progress steps, then "done" (its candidate waits for review, or was
+# released) or "failed" with the reason.
+JOB_STATUSES = frozenset({"queued", "running", "done", "failed"})
+
+
+@dataclass(frozen=True)
+class Job:
+    """A unit of work a worker runs for a user, with the progress steps it logged so far."""
+
+    id: str  # "job_..."
+    scenario: str
+    kind: str  # "instruct": a plain-language ask turned into a harness candidate
+    status: str  # one of JOB_STATUSES
+    request: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    steps: list[dict[str, Any]] = field(default_factory=list)  # {"at", "step", "detail"...}
+    candidate_id: str | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    message: str | None = None  # why it failed
 
 
 @dataclass(frozen=True)

@@ -523,6 +523,7 @@ def register_candidate(
     artifact_location: str | None = None,
     registry_uri: str | None = None,
     s3_endpoint_url: str | None = None,
+    extra: Mapping[str, str | None] | None = None,
 ) -> str:
     """Log the candidate at `path` (an adapter or full model directory, or a harness tree) as
     a pyfunc model and register it as a new version of ``reef-<scenario>``, tagged with the
@@ -533,7 +534,8 @@ def register_candidate(
     (a model directory, or a spec such as "tiny") is what an adapter is loaded onto; for an
     adapter it defaults to the ``base_model_name_or_path`` in its adapter_config.json.
     Registering a release id again returns the existing version (same content hash) or raises
-    Conflict. Returns ``models:/reef-<scenario>/<version>``.
+    Conflict. `extra` adds fields to reef_release.json and ``reef.<key>`` tags (a harness
+    names the weights it is served with). Returns ``models:/reef-<scenario>/<version>``.
     """
     if kind not in CANDIDATE_KINDS:
         raise ValueError(f"kind must be one of {', '.join(CANDIDATE_KINDS)}, not '{kind}'")
@@ -565,6 +567,7 @@ def register_candidate(
         "recipe": recipe,
         "dataset_id": dataset_id,
         "gate": gate,
+        **(extra or {}),
     }
     tags = {
         RELEASE_ID: release_id,
@@ -576,6 +579,7 @@ def register_candidate(
         GATE: gate,
         STATUS: CANDIDATE,
         **{f"{METRIC_PREFIX}{k}": repr(float(v)) for k, v in metrics.items()},
+        **{f"reef.{k}": str(v) for k, v in (extra or {}).items() if v},
     }
     return _register(
         tracking_uri,
@@ -796,9 +800,10 @@ class ReleaseModel:
         self.meta: dict[str, Any] = json.loads((self.dir / RELEASE_FILE).read_text())
         self.kind = self.meta["kind"]
         if self.kind == "harness":
+            weights = self.meta.get("weights_model_uri") or "the base model"
             raise ValueError(
                 f"release {self.meta['release_id']} is a harness: it holds prompts and tools, "
-                "not weights, and is served by Reef rather than loaded as a model"
+                f"not weights, and is served by Reef with the weights of {weights}"
             )
         weights = self.dir if self.kind == "checkpoint" else self._base_dir(base_model)
         model: Any = AutoModelForCausalLM.from_pretrained(weights)

@@ -149,6 +149,10 @@ class CandidateOut(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     gate: dict[str, Any] = Field(default_factory=dict)
     message: str | None = None
+    operation: str = Field("training", description="training | harness: what it publishes as")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="its release's metadata (a harness candidate's harness)"
+    )
 
 
 class ReleaseList(BaseModel):
@@ -182,6 +186,38 @@ class HarnessIn(BaseModel):
     )
 
 
+class TrainIn(BaseModel):
+    """A plain-language ask that becomes a candidate harness change, held for review."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(
+        min_length=1,
+        max_length=4000,
+        description="what the agent should do from now on, e.g. 'when I ask you to fix a bug, "
+        "reproduce it with a failing test first'",
+    )
+
+
+class JobOut(BaseModel):
+    """A job's state as it runs: poll `url` until `status` is done or failed."""
+
+    id: str
+    object: Literal["reef.job"] = "reef.job"
+    scenario: str
+    kind: str
+    status: str = Field(description="queued | running | done | failed")
+    request: dict[str, Any]
+    steps: list[dict[str, Any]] = Field(description="progress so far, oldest first")
+    candidate_id: str | None = Field(
+        None, description="the candidate it made (promote it to release it)"
+    )
+    result: dict[str, Any] = Field(default_factory=dict)
+    message: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    url: str
+
+
 class LoadAdapterIn(BaseModel):
     """vLLM's /v1/load_lora_adapter body."""
 
@@ -200,6 +236,18 @@ class LoadWeightsIn(BaseModel):
 
 class VariantIn(BaseModel):
     name: str = Field(min_length=1, max_length=200)
+
+
+class EngineGenerateIn(BaseModel):
+    """One generation on a release's weights, outside any traffic: not recorded, no harness
+    injected (the caller puts the harness it evaluates in `messages`)."""
+
+    scenario: str = Field(min_length=1, max_length=64)
+    release_id: str | None = Field(None, description="whose weights answer; default: the head")
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    seed: int | None = None
 
 
 class RefreshIn(BaseModel):

@@ -10,7 +10,14 @@ from api.bodies import read_json, validate
 from api.services import Services, services
 from reef.errors import BadRequest
 from reef.variants import Variants
-from reef.wire import LoadAdapterIn, LoadWeightsIn, RefreshIn, UnloadAdapterIn, VariantIn
+from reef.wire import (
+    EngineGenerateIn,
+    LoadAdapterIn,
+    LoadWeightsIn,
+    RefreshIn,
+    UnloadAdapterIn,
+    VariantIn,
+)
 
 router = APIRouter(tags=["engine"])
 
@@ -79,6 +86,43 @@ async def refresh(request: Request) -> dict[str, object]:
     name = validate(RefreshIn, raw).scenario
     svc.serving.forget(name)
     return {"scenario": name, "refreshed": True}
+
+
+@router.post(
+    "/reef/engine/generate",
+    openapi_extra=schema_ref(EngineGenerateIn),
+    summary="Generate on a release's weights without recording it (evaluation episodes)",
+)
+async def generate(request: Request) -> dict[str, object]:
+    """What evaluating a harness runs: the same weights that serve the release, none of the
+    traffic's side effects (no record, no session, no injection)."""
+    svc = services(request)
+    svc.auth.principal(request).require_admin("generating outside traffic")
+    body = validate(EngineGenerateIn, await read_json(request, svc.settings.server.max_body_bytes))
+    svc.serving.check_max_tokens(body.max_tokens)
+    scenario = await svc.serving.scenario(body.scenario)
+    release_id = body.release_id or scenario.head_release_id
+    model = svc.serving.models()[0]
+    if svc.variants is not None:
+        model = await svc.variants.model_for(scenario.name, release_id) or model
+    engine_body: dict[str, object] = {
+        "model": model,
+        "messages": body.messages,
+        "max_tokens": body.max_tokens,
+        "temperature": body.temperature,
+    }
+    if body.seed is not None:
+        engine_body["seed"] = body.seed
+    done = await svc.engine.complete(engine_body)
+    choice = done.response["choices"][0]
+    return {
+        "object": "reef.generation",
+        "release_id": release_id,
+        "model": model,
+        "text": choice["message"].get("content") or "",
+        "finish_reason": choice.get("finish_reason"),
+        "usage": done.response.get("usage"),
+    }
 
 
 @router.get("/reef/engine/variants", summary="Variants (releases) the engine holds")

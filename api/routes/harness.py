@@ -2,28 +2,38 @@
 
 A harness is released on the scenario's chain like weights: a new harness release keeps the
 head's weights and goes through the same deploy step (stage → verify → compare-and-swap).
-Executable content (extensions, scripts) is never released from here: it waits for review.
+Executable content (extensions, scripts) is never released from here: it waits for review as
+a pending candidate (promote releases it). POST /reef/train turns a plain-language ask into a
+harness candidate in the worker and answers with a job to poll.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import PlainTextResponse
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from api.answers import schema_ref
 from api.bodies import read_json, validate
 from api.routes.experience import artifacts_of
-from api.routes.releases import deploy_here, release_out
+from api.routes.releases import candidate_out, deploy_here, release_out
 from api.services import Services, caller
-from reef.errors import BadRequest, Conflict, NotFound
-from reef.harness import Harness, HarnessCache, harness_release, store_harness
-from reef.records import Release
-from reef.wire import HarnessIn, ReleaseOut
+from reef.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
+from reef.harness import (
+    Harness,
+    HarnessCache,
+    harness_candidate,
+    harness_release,
+    register_harness,
+    store_harness,
+)
+from reef.records import Job, Release, new_id, utcnow
+from reef.wire import HarnessIn, JobOut, ReleaseOut, TrainIn
 
 router = APIRouter(tags=["harness"])
 
@@ -56,6 +66,7 @@ async def get_harness(
         "content_hash": None,
         "inject": False,
         "files": [],
+        "skills": [],
         "executable": [],
         "evaluation": {"gate": release.gate, "metrics": release.metrics},
     }
@@ -115,9 +126,18 @@ async def install_script(
     status_code=201,
     openapi_extra=schema_ref(HarnessIn),
     summary="Release a new harness on the scenario's chain, keeping its weights (admin)",
-    responses={409: {"description": "the head moved meanwhile, or nothing changed"}},
+    responses={
+        202: {
+            "description": "it adds executable content: held as a pending candidate for review "
+            "(POST /reef/scenarios/{scenario}/promote releases it)",
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/CandidateOut"}}
+            },
+        },
+        409: {"description": "the head moved meanwhile, or nothing changed"},
+    },
 )
-async def publish_harness(request: Request, scenario: str) -> ReleaseOut:
+async def publish_harness(request: Request, scenario: str) -> Any:
     svc, principal, name = caller(request, scenario)
     principal.require_admin("releasing a harness")
     body = validate(HarnessIn, await read_json(request, svc.settings.server.max_body_bytes))
@@ -133,20 +153,102 @@ async def publish_harness(request: Request, scenario: str) -> ReleaseOut:
         new = current.apply(body.edits or [])
     if new.content_hash() == current.content_hash():
         raise Conflict("the head already serves this harness", code="harness_unchanged")
-    added = sorted(set(new.executable_files()) - set(current.executable_files()))
-    if added:
-        raise Conflict(
-            f"the harness adds executable content ({', '.join(added)}): it is never released "
-            "without review",
-            code="harness_needs_review",
-        )
     ref = await asyncio.to_thread(store_harness, artifacts_of(svc.settings), name, new)
-    release = harness_release(head, ref)
+    release = harness_release(head, ref, content_hash=ref["content_hash"])
+    added = sorted(set(new.executable_files()) - set(current.executable_files()))
+    gate = "pending" if added else "harness"
+    model_uri = await asyncio.to_thread(
+        register_harness, svc.settings, release, new, recipe="admin", gate=gate
+    )
+    if added:  # never served before someone has read it
+        reason = f"adds executable content ({', '.join(added)}): held for review"
+        candidate = harness_candidate(
+            head,
+            ref,
+            release.id,
+            status="pending",
+            recipe="admin",
+            gate={"status": "pending", "policy": "review", "reason": reason},
+            model_uri=model_uri,
+            message=reason,
+        )
+        stored = await asyncio.to_thread(svc.store.add_candidate, candidate)
+        return JSONResponse(candidate_out(stored).model_dump(mode="json"), status_code=202)
+    release = dataclasses.replace(release, model_uri=model_uri)
     if release.kind == "base" and svc.variants is None:  # nothing to stage in the engine
         published = await asyncio.to_thread(svc.store.publish_release, release)
+        if model_uri:
+            await asyncio.to_thread(_champion, svc, published)
         svc.serving.forget(name)
         return release_out(published, published.id)
     return await deploy_here(svc, release)
+
+
+def _champion(svc: Services, release: Release) -> None:
+    from reef import registry
+
+    if release.model_uri:
+        registry.set_champion(svc.settings.tracking_uri, release.scenario, release.model_uri)
+
+
+@router.post(
+    "/reef/train",
+    response_model=JobOut,
+    status_code=202,
+    openapi_extra=schema_ref(TrainIn),
+    summary="Turn a plain-language ask into a harness candidate held for review; poll the job",
+    responses={503: {"description": "no worker runs jobs (reef.auto is off)"}},
+)
+async def train(request: Request, response: Response) -> JobOut:
+    svc, _, name = caller(request)
+    body = validate(TrainIn, await read_json(request, svc.settings.server.max_body_bytes))
+    if svc.evolver is None:
+        raise ServiceUnavailable(
+            "no worker runs jobs on this server: start reef serve with reef.auto on",
+            code="no_worker",
+        )
+    await asyncio.to_thread(svc.store.ensure_scenario, name)
+    now = utcnow()
+    job = Job(
+        id=new_id("job"),
+        scenario=name,
+        kind="instruct",
+        status="queued",
+        request={"text": body.text},
+        created_at=now,
+        updated_at=now,
+        steps=[{"at": now.isoformat(), "step": "queued"}],
+    )
+    await asyncio.to_thread(svc.store.add_job, job)
+    if not svc.evolver.run_job(name, job.id):
+        await asyncio.to_thread(
+            svc.store.update_job,
+            name,
+            job.id,
+            status="failed",
+            message="the worker is not running",
+            step={"step": "failed"},
+        )
+        raise ServiceUnavailable("the worker is not running", code="no_worker")
+    out = job_out(request, job)
+    response.headers["location"] = out.url
+    return out
+
+
+@router.get(
+    "/reef/train/{job_id}",
+    response_model=JobOut,
+    summary="A train job's progress: its steps, then its candidate (or why it failed)",
+)
+async def train_job(request: Request, job_id: str, scenario: str | None = None) -> JobOut:
+    svc, _, name = caller(request, scenario)
+    return job_out(request, await asyncio.to_thread(svc.store.get_job, name, job_id))
+
+
+def job_out(request: Request, job: Job) -> JobOut:
+    d = dataclasses.asdict(job)
+    url = f"{str(request.base_url).rstrip('/')}/reef/train/{job.id}?scenario={job.scenario}"
+    return JobOut(**d, url=url)
 
 
 async def _release(svc: Services, scenario: str, release_id: str | None) -> Release:

@@ -18,6 +18,7 @@ from api.answers import schema_ref
 from api.bodies import read_json, validate
 from api.services import Services, caller
 from reef.errors import BadRequest, Conflict
+from reef.harness import harness_release, register_harness
 from reef.records import Candidate, Release, new_id, utcnow
 from reef.variants import Variants
 from reef.wire import CandidateList, CandidateOut, ReleaseList, ReleaseOut, ReleaseRef
@@ -114,7 +115,21 @@ def _register(svc: Services, release: Release) -> Release:
     from reef import registry
 
     uri = svc.settings.tracking_uri
-    if release.kind == "base":
+    # A release that changed only the harness (it names the release whose weights it keeps) is
+    # mirrored by its harness files; one with weights of its own, by its weights.
+    cache, harness = svc.serving.harnesses, None
+    if cache is not None and "weights_release_id" in release.metadata:
+        harness = cache.get(release)
+    if harness is not None:
+        model_uri = register_harness(
+            svc.settings,
+            release,
+            harness,
+            recipe=release.recipe or "",
+            gate=release.operation,
+            dataset_id=release.dataset_id,
+        )
+    elif release.kind == "base":
         model_uri = registry.register_base(
             uri,
             release.scenario,
@@ -200,6 +215,36 @@ async def rollback(request: Request, scenario: str) -> ReleaseOut:
     return await deploy_here(svc, release)
 
 
+def promoted(cand: Candidate, head: Release) -> Release:
+    """The release a promoted candidate becomes on top of today's head. A harness candidate
+    brings only its harness: it keeps whatever weights the head serves now."""
+    common: dict[str, Any] = {
+        "id": cand.id,
+        "operation": "promote",
+        "content_hash": cand.content_hash,
+        "recipe": cand.recipe,
+        "dataset_id": cand.dataset_id,
+        "metrics": cand.metrics,
+        "gate": cand.gate,
+        "model_uri": cand.model_uri,
+    }
+    if cand.operation == "harness":
+        return harness_release(head, cand.metadata["harness"], **common)
+    return Release(
+        scenario=cand.scenario,
+        seq=0,
+        parent_id=head.id,  # reviewed against the head it replaces now
+        kind=cand.kind,
+        created_at=utcnow(),
+        uri=cand.uri,
+        metadata={
+            "artifact_key": f"releases/{cand.scenario}/{cand.content_hash}",
+            "trained_on": cand.parent_id,
+        },
+        **common,
+    )
+
+
 @router.post(
     "/{scenario}/promote",
     response_model=ReleaseOut,
@@ -218,26 +263,7 @@ async def promote(request: Request, scenario: str) -> ReleaseOut:
             f"candidate {cand.id} is {cand.status}, not pending", code="candidate_status"
         )
     head = await asyncio.to_thread(svc.store.head_release, name)
-    release = Release(
-        id=cand.id,
-        scenario=name,
-        seq=0,
-        parent_id=head.id,  # reviewed against the head it replaces now
-        kind=cand.kind,
-        created_at=utcnow(),
-        uri=cand.uri,
-        metadata={
-            "artifact_key": f"releases/{name}/{cand.content_hash}",
-            "trained_on": cand.parent_id,
-        },
-        operation="promote",
-        content_hash=cand.content_hash,
-        recipe=cand.recipe,
-        dataset_id=cand.dataset_id,
-        metrics=cand.metrics,
-        gate=cand.gate,
-        model_uri=cand.model_uri,
-    )
+    release = promoted(cand, head)
     # claim the candidate first: a concurrent promote (or the paused flow) gets 409
     await asyncio.to_thread(
         svc.store.set_candidate_status, name, cand.id, "published", expected="pending"

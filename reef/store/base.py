@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from reef.records import Candidate, Consumption, Record, Release, Report, Scenario
+from reef.records import Candidate, Consumption, Job, Record, Release, Report, Scenario
 
 
 class Store(ABC):
@@ -165,3 +165,26 @@ class Store(ABC):
         With `expected`, a compare-and-swap: Conflict (code "candidate_status") unless the
         stored status is `expected`, so two workers cannot both act on one candidate.
         """
+
+    # jobs -----------------------------------------------------------------------
+    @abstractmethod
+    def add_job(self, job: Job) -> Job:
+        """Store a new job; NotFound if its scenario does not exist."""
+
+    @abstractmethod
+    def get_job(self, scenario: str, job_id: str) -> Job: ...
+
+    @abstractmethod
+    def update_job(
+        self,
+        scenario: str,
+        job_id: str,
+        *,
+        status: str | None = None,
+        step: dict[str, Any] | None = None,
+        candidate_id: str | None = None,
+        result: dict[str, Any] | None = None,
+        message: str | None = None,
+    ) -> Job:
+        """Set what is given (None leaves it), append `step` to the job's progress steps (with
+        the time), and stamp `updated_at`; returns the job as stored."""

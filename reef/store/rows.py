@@ -11,7 +11,7 @@ from sqlalchemy import Engine, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from reef.errors import BadRequest, StoreError
-from reef.records import Candidate, Record, Release, Report, Scenario
+from reef.records import Candidate, Job, Record, Release, Report, Scenario
 from reef.store import tables
 from reef.store.connect import describe_error
 
@@ -140,6 +140,7 @@ def scenario_of(row: Row[Any]) -> Scenario:
 # A release's and a candidate's fields are their tables' columns, one for one.
 RELEASE_FIELDS = tuple(f.name for f in dataclasses.fields(Release))
 CANDIDATE_FIELDS = tuple(f.name for f in dataclasses.fields(Candidate))
+JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
 
 
 def release_row(r: Release) -> dict[str, Any]:
@@ -158,3 +159,12 @@ def candidate_row(c: Candidate) -> dict[str, Any]:
 def candidate_of(row: Row[Any]) -> Candidate:
     m = row._mapping
     return Candidate(**{name: m[name] for name in CANDIDATE_FIELDS})
+
+
+def job_row(j: Job) -> dict[str, Any]:
+    return {name: getattr(j, name) for name in JOB_FIELDS}
+
+
+def job_of(row: Row[Any]) -> Job:
+    m = row._mapping
+    return Job(**{name: m[name] for name in JOB_FIELDS})

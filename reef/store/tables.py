@@ -166,6 +166,36 @@ class CandidateRow(SQLModel, table=True):
     model_uri: str | None = Field(default=None, sa_column=Column("model_uri", Text))
     updated_at: datetime = Field(sa_column=Column("updated_at", UTCDateTime, nullable=False))
     message: str | None = Field(default=None, sa_column=Column("message", Text))
+    operation: str = Field(
+        sa_column=Column("operation", String, nullable=False, server_default="training")
+    )
+    meta: dict[str, Any] = Field(
+        default_factory=dict,
+        sa_column=Column("metadata", Json, nullable=False, server_default=text("'{}'")),
+    )
+
+
+class JobRow(SQLModel, table=True):
+    """Work a user started and polls (an instruction turned into a harness candidate)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_scenario_created", "scenario", "created_at"),)
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    scenario: str = _scenario_fk("fk_jobs_scenario")
+    kind: str = Field(sa_column=Column("kind", String, nullable=False))
+    status: str = Field(sa_column=Column("status", String, nullable=False))
+    request: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column("request", Json, nullable=False)
+    )
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    updated_at: datetime = Field(sa_column=Column("updated_at", UTCDateTime, nullable=False))
+    steps: list[Any] = Field(default_factory=list, sa_column=Column("steps", Json, nullable=False))
+    candidate_id: str | None = Field(default=None, sa_column=Column("candidate_id", Key))
+    result: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column("result", Json, nullable=False)
+    )
+    message: str | None = Field(default=None, sa_column=Column("message", Text))
 
 
 class RecordRow(SQLModel, table=True):
@@ -274,3 +304,4 @@ records: Table = SQLModel.metadata.tables["records"]
 reports: Table = SQLModel.metadata.tables["reports"]
 consumptions: Table = SQLModel.metadata.tables["consumptions"]
 candidates: Table = SQLModel.metadata.tables["candidates"]
+jobs: Table = SQLModel.metadata.tables["jobs"]

@@ -1,7 +1,8 @@
 """Harness releases through a real `reef serve`: published on the chain like weights, read back
 by GET /reef/harness, injected server-side into every call when the harness says so (visible in
-the record, switchable per scenario), kept by a weights release made on top, and refused when
-invalid or when it adds executable content."""
+the record, switchable per scenario), kept by a weights release made on top, refused when invalid,
+and held for review (a pending candidate that promote releases) when it adds executable
+content."""
 
 from __future__ import annotations
 
@@ -105,23 +106,50 @@ def test_a_harness_release_is_served_and_injected(server: ReefServer, scenario: 
     assert len(rec["prompt_token_ids"]) == len(plain["prompt_token_ids"])
 
 
-def test_bad_or_executable_harnesses_are_refused(server: ReefServer, scenario: str) -> None:
+def test_bad_harnesses_are_refused_and_executable_ones_held_for_review(
+    server: ReefServer, scenario: str
+) -> None:
     httpx.post(f"{server.url}/reef/scenarios", json={"name": scenario}).raise_for_status()
     chain = lambda: httpx.get(f"{server.url}/reef/scenarios/{scenario}/releases").json()["data"]  # noqa: E731
     before = chain()
-    for files, code in [
-        ({"../AGENTS.md": "x"}, "invalid_harness"),
-        ({"/etc/AGENTS.md": "x"}, "invalid_harness"),
-        ({"skills/x/SKILL.md": "no front matter"}, "invalid_harness"),
-        ({"AGENTS.md": "ok", "scripts/setup.sh": "#!/bin/sh\nrm -rf ~\n"}, "harness_needs_review"),
-        ({"extensions/tool.ts": "export default 1"}, "harness_needs_review"),
-    ]:
+    for files in [{"../AGENTS.md": "x"}, {"/etc/AGENTS.md": "x"}, {"skills/x/SKILL.md": "no"}]:
         r = _publish(server, scenario, {"files": files})
-        assert r.status_code in (400, 409), r.text
-        assert r.json()["error"]["code"] == code, (files, r.text)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_harness", (files, r.text)
     r = _publish(server, scenario, {"files": {"AGENTS.md": "ok"}, "edits": []})
     assert r.status_code == 400
+
+    # Executable content is never served unread: each becomes a pending candidate.
+    held = []
+    for files in [
+        {"AGENTS.md": "ok", "scripts/setup.sh": "#!/bin/sh\nrm -rf ~\n"},
+        {"extensions/tool.ts": "export default 1"},
+    ]:
+        r = _publish(server, scenario, {"files": files})
+        assert r.status_code == 202, r.text
+        cand = r.json()
+        assert cand["status"] == "pending" and cand["operation"] == "harness"
+        assert "executable" in cand["message"] and cand["model_uri"].startswith("models:/")
+        held.append(cand["release_id"])
     assert chain() == before  # nothing was released
+    pending = httpx.get(
+        f"{server.url}/reef/scenarios/{scenario}/candidates", params={"status": "pending"}
+    ).json()["data"]
+    assert {c["release_id"] for c in pending} == set(held)
+
+    # A reviewer promotes one: it is released with the weights the head serves now.
+    r = httpx.post(
+        f"{server.url}/reef/scenarios/{scenario}/promote",
+        json={"release_id": held[1]},
+        timeout=60,
+    )
+    assert r.status_code == 201, r.text
+    released = _harness(server, scenario)
+    assert released["release_id"] == held[1] and released["current"]
+    assert released["executable"] == ["extensions/tool.ts"]
+    head = chain()[0]
+    assert head["operation"] == "promote" and head["kind"] == before[0]["kind"]
+    assert head["metadata"]["weights_release_id"] == before[0]["release_id"]
 
     assert _publish(server, scenario, {"files": {"AGENTS.md": "ok"}}).status_code == 201
     r = _publish(server, scenario, {"files": {"AGENTS.md": "ok"}})
@@ -165,3 +193,54 @@ def test_unknown_release_is_404(server: ReefServer, scenario: str, params: dict)
     httpx.post(f"{server.url}/reef/scenarios", json={"name": scenario}).raise_for_status()
     r = httpx.get(f"{server.url}/reef/harness", params={"scenario": scenario, **params})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_train_answers_clearly_without_a_worker_and_on_bad_input(
+    server: ReefServer, scenario: str
+) -> None:
+    url, headers = f"{server.url}/reef/train", {"x-reef-scenario": scenario}
+    for body in ({}, {"text": ""}, {"text": "x", "extra": 1}, {"text": "x" * 4001}):
+        r = httpx.post(url, json=body, headers=headers)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(url, json={"text": "Always cite the file you changed."}, headers=headers)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker", r.text
+    r = httpx.get(f"{url}/job_missing", params={"scenario": scenario})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+
+
+def test_harness_releases_are_mlflow_versions_and_roll_back(
+    server: ReefServer, scenario: str
+) -> None:
+    from reef import registry
+
+    first = _publish(server, scenario, {"files": {"AGENTS.md": "Rule A.\n"}})
+    assert first.status_code == 201, first.text
+    second = _publish(server, scenario, {"files": {"AGENTS.md": "Rule B.\n"}})
+    assert second.status_code == 201, second.text
+    a, b = first.json(), second.json()
+    tracking = f"sqlite:///{(server.state_dir / 'mlflow.db').resolve()}"
+    for rel in (a, b):
+        tags = registry.get_tags(tracking, rel["model_uri"])
+        assert tags["reef.kind"] == "harness" and tags["reef.release_id"] == rel["release_id"]
+        assert tags["reef.content_hash"] == rel["content_hash"]
+        assert tags["reef.weights_release_id"] == a["metadata"]["weights_release_id"]
+    assert b["metadata"]["weights_model_uri"] == a["metadata"]["weights_model_uri"]
+    champ = registry.champion(tracking, scenario)
+    assert champ is not None and champ[1] == b["release_id"]
+
+    r = httpx.post(
+        f"{server.url}/reef/scenarios/{scenario}/rollback",
+        json={"release_id": a["release_id"]},
+        timeout=60,
+    )
+    assert r.status_code == 201, r.text
+    rolled = r.json()
+    assert rolled["operation"] == "rollback" and rolled["content_hash"] == a["content_hash"]
+    got = _harness(server, scenario)
+    assert got["release_id"] == rolled["release_id"]
+    assert got["files"][0]["content"] == "Rule A.\n"
+    tags = registry.get_tags(tracking, rolled["model_uri"])
+    assert tags["reef.kind"] == "harness" and tags["reef.gate"] == "rollback"
+    champ = registry.champion(tracking, scenario)
+    assert champ is not None and champ[1] == rolled["release_id"]

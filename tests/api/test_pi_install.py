@@ -1,7 +1,8 @@
 """The real pi coding agent, installed by Reef's install script into a throwaway HOME, runs
 non-interactively (`pi -p`) against `reef serve`: its calls are recorded in the scenario with
 the harness release that served them, `reef-pi report` reports on its last session, and after
-a new harness release `reef-pi update` installs it and the next run is served by it.
+a new harness release `reef-pi update` installs it and the next run is served by it;
+`reef-pi evolve "<ask>"` turns an instruction into a candidate that waits for review.
 
 Needs Node.js >= 20.6 and npm (the install fetches the pinned pi from the npm registry)."""
 
@@ -23,6 +24,7 @@ from tests.reefserver import ReefServer
 S = "pi-agent"
 RULES_1 = "Reef rule one: always answer in French."
 RULES_2 = "Reef rule two: always answer in Italian."
+ASK = "when I ask you to fix a bug, reproduce it with a failing test first"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
     config = json.loads((model / "config.json").read_text())
     config["max_position_embeddings"] = 8192
     (model / "config.json").write_text(json.dumps(config))
-    with ReefServer(tmp_path_factory.mktemp("reef-pi"), "--model", str(model)) as srv:
+    # with the evolve worker: `reef-pi evolve` asks it for a harness change (POST /reef/train)
+    with ReefServer(
+        tmp_path_factory.mktemp("reef-pi"),
+        "--model",
+        str(model),
+        env={"REEF_REEF__AUTO": "true"},
+    ) as srv:
         yield srv
 
 
@@ -134,6 +142,25 @@ def test_pi_installed_by_the_script_is_served_and_updated(
     turns = httpx.get(f"{server.url}/reef/scenarios/{S}/sessions/{session}").json()["data"]
     assert turns and all(t["release_id"] == second for t in turns)
     assert RULES_2 in json.dumps(turns[0]["request"]["messages"][0])
+
+    # an instruction in plain language: the worker makes a candidate that waits for review;
+    # once an admin promotes it, reef-pi update installs it
+    out = _run(["reef-pi", "evolve", ASK], home, project)
+    assert "waits for review" in out, out
+    cand = httpx.get(
+        f"{server.url}/reef/scenarios/{S}/candidates", params={"status": "pending"}
+    ).json()["data"][0]
+    assert cand["operation"] == "harness" and cand["recipe"] == "instruct"
+    r = httpx.post(
+        f"{server.url}/reef/scenarios/{S}/promote",
+        json={"release_id": cand["release_id"]},
+        timeout=60,
+    )
+    assert r.status_code == 201, r.text
+    out = _run(["reef-pi", "update"], home, project)
+    assert f"installed release {cand['release_id']}" in out, out
+    rules = (agent / "AGENTS.md").read_text()
+    assert rules.startswith(RULES_2) and f"## Instructions\n- {ASK}" in rules
 
 
 def test_the_install_root_may_not_be_inside_the_project(server: ReefServer, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """prefect.yaml against a real Prefect server: `prefect work-pool create` + `prefect deploy --all`
-from the repository root create the three deployments, `flows.worker.run_once` submits a run of
+from the repository root create the four deployments, `flows.worker.run_once` submits a run of
 evolve/evolve with its parameters when PREFECT_API_URL is set, and a process worker of the pool
 runs it from the recorded checkout.
 
@@ -143,10 +143,10 @@ def _read(coro_fn: Any) -> Any:
     return asyncio.run(main())
 
 
-def test_prefect_yaml_declares_the_three_deployments() -> None:
+def test_prefect_yaml_declares_the_deployments() -> None:
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     names = {d["name"]: d for d in spec["deployments"]}
-    assert set(names) == {"evolve", "evolve-hourly", "materialize-experience"}
+    assert set(names) == {"evolve", "evolve-hourly", "materialize-experience", "instruct"}
     assert all(d["work_pool"]["name"] == POOL for d in names.values())
     assert names["evolve"]["entrypoint"] == names["evolve-hourly"]["entrypoint"]
 
@@ -159,6 +159,7 @@ def test_deploy_all_creates_the_deployments(deployed: str, api: str) -> None:
                 "evolve/evolve",
                 "evolve/evolve-hourly",
                 "materialize-experience/materialize-experience",
+                "instruct/instruct",
             )
         }
 
@@ -180,6 +181,7 @@ def test_deploy_all_creates_the_deployments(deployed: str, api: str) -> None:
     assert deps["materialize-experience/materialize-experience"].entrypoint == (
         "flows/experience.py:materialize_experience"
     )
+    assert deps["instruct/instruct"].entrypoint == "flows/harness.py:instruct"
 
 
 def test_run_once_submits_and_a_pool_worker_runs_it(

@@ -26,6 +26,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "reports",
         "consumptions",
         "candidates",
+        "jobs",
     }
     for table in (
         tables.scenarios,

@@ -2,7 +2,8 @@
 // provider in step with a Reef scenario, and sends feedback on pi's last session.
 //   reef-pi update                          install the scenario's newest harness release
 //   reef-pi report --score S [--feedback T] report on the last pi session's receipts
-//   reef-pi evolve "<ask>"                  ask Reef for a harness change (POST /reef/train)
+//   reef-pi evolve "<ask>" [--no-wait]      ask Reef for a harness change (POST /reef/train),
+//                                           and follow the job until its candidate waits for review
 //   reef-pi status                          what is installed
 // Written by Reef's installer; the token, when Reef needs one, comes from REEF_API_KEY.
 import { createHash } from "node:crypto";
@@ -147,10 +148,25 @@ async function report(args) {
 }
 
 async function evolve(args) {
-  const text = args.join(" ").trim();
+  const wait = !args.includes("--no-wait");
+  const text = args.filter((a) => a !== "--no-wait").join(" ").trim();
   if (!text) throw new Error('evolve needs an ask: reef-pi evolve "when I ask you to fix a bug, ..."');
-  const r = await api("POST", "/reef/train", { text });
-  say(`asked: ${JSON.stringify(r)}`);
+  let job = await api("POST", "/reef/train", { text });
+  say(`job ${job.id}: ${job.status} (poll ${job.url})`);
+  let shown = job.steps.length;
+  while (wait && (job.status === "queued" || job.status === "running")) {
+    await new Promise((done) => setTimeout(done, 1000));
+    job = await api("GET", `/reef/train/${job.id}?scenario=${encodeURIComponent(cfg.scenario)}`);
+    for (const step of job.steps.slice(shown)) say(`  ${step.step}`);
+    shown = job.steps.length;
+  }
+  if (job.status === "failed") throw new Error(`job ${job.id} failed: ${job.message}`);
+  if (job.status === "done") {
+    const changed = job.result.diff ?? {};
+    say(`candidate ${job.candidate_id} waits for review: ${JSON.stringify(changed)}`);
+    say(`evaluation: ${JSON.stringify(job.result.evaluation ?? {})}`);
+    say(`an admin releases it with POST /reef/scenarios/${cfg.scenario}/promote; then run: reef-pi update`);
+  }
 }
 
 const [command, ...args] = process.argv.slice(2);

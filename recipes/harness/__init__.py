@@ -1,0 +1,1 @@
+"""The harness recipe: GEPA over the harness tree, episodes on the served weights, a proposer."""

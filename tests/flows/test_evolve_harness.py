@@ -1,0 +1,212 @@
+"""Harness evolution through the evolve flow, run in-process against a real `reef serve` (tiny
+model): consistently failing feedback → GEPA search with the served model as proposer → paired
+episodes of candidate vs head (N repeats) → the gate decides, with the numbers stored on the
+candidate and in MLflow. A rejected candidate leaves the head alone; an accepted one is
+released with the head's weights and serves the next call. Infrastructure failures in the
+evaluation are their own outcome, and the head's episodes are cached."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from deploy.engine import EngineAdmin
+from recipes.harness.episodes import (
+    EpisodeError,
+    Task,
+    correction_scorer,
+    paired_evaluation,
+)
+from reef.harness import Harness
+from tests.reefserver import ReefServer, free_port
+
+WANTED = "Paris is the capital of France."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    with ReefServer(tmp_path_factory.mktemp("harness-evolve"), "--model", "tiny") as srv:
+        yield srv
+
+
+def _overrides(srv: ReefServer, policy: str) -> dict:
+    return {
+        "server": {"state_dir": str(srv.state_dir), "port": srv.port},
+        "engine": {"model": "tiny"},
+        "reef": {
+            "recipe": "harness",
+            "batch_size": 6,
+            "params": {
+                "max_tokens": 8,
+                "proposer_max_tokens": 48,
+                "max_metric_calls": 10,
+                "repeats": 2,
+            },
+        },
+        "gate": {"policy": policy, "holdout": 1 / 3},
+    }
+
+
+def _failing_traffic(srv: ReefServer, scenario: str) -> None:
+    """Six questions, each answered wrongly and reported with score 0 and a correction."""
+    client = openai.OpenAI(
+        base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": scenario}
+    )
+    for i in range(6):
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=[{"role": "user", "content": f"Question {i}: what is the capital of France?"}],
+            max_tokens=6,
+            temperature=0,
+        )
+        r = httpx.post(
+            f"{srv.url}/reef/report",
+            json={
+                "references": [raw.headers["x-reef-agent-record-id"]],
+                "score": 0.0,
+                "feedback": {"text": "Wrong: name the city.", "correction": WANTED},
+            },
+            headers={"x-reef-scenario": scenario},
+        )
+        assert r.status_code == 201, r.text
+
+
+def _chain(srv: ReefServer, scenario: str) -> list[dict]:
+    return list(httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"])
+
+
+def test_failing_feedback_makes_a_candidate_the_gate_judges(
+    server: ReefServer, prefect_server: None
+) -> None:
+    from flows.evolve import evolve
+    from reef import registry
+
+    _failing_traffic(server, "fails")
+    before = _chain(server, "fails")
+    result = evolve("fails", overrides=_overrides(server, "improve"))
+    assert result["status"] in ("rejected", "published"), result
+    gate = result["gate"]
+    # Paired evaluation on the held-out third: 2 tasks, both sides, 2 repeats each.
+    assert gate["n"] == 2 and gate["mean_candidate"] is not None and gate["mean_head"] is not None
+    cands = httpx.get(f"{server.url}/reef/scenarios/fails/candidates").json()["data"]
+    assert len(cands) == 1
+    cand = cands[0]
+    assert cand["operation"] == "harness" and cand["recipe"] == "harness"
+    assert cand["gate"] == gate  # the numbers are stored with the candidate
+    m = cand["metrics"]
+    assert m["eval_tasks"] == 2 and m["eval_repeats"] == 2 and m["eval_infra_failures"] == 0
+    assert m["eval_episodes"] == 8 and m["search_proposals"] >= 1
+    harness = cand["metadata"]["harness"]
+    assert harness["content_hash"] == cand["content_hash"]
+    assert cand["metadata"]["weights_release_id"] == before[0]["release_id"]
+
+    tracking = f"sqlite:///{(server.state_dir / 'mlflow.db').resolve()}"
+    tags = registry.get_tags(tracking, cand["model_uri"])
+    assert tags["reef.kind"] == "harness" and tags["reef.release_id"] == cand["release_id"]
+    assert tags["reef.gate"] == gate["status"]
+    if result["status"] == "rejected":
+        assert cand["status"] == "rejected"
+        assert _chain(server, "fails") == before  # the head did not move
+    else:
+        assert _chain(server, "fails")[0]["release_id"] == cand["release_id"]
+
+
+def test_an_accepted_harness_is_released_and_serves(
+    server: ReefServer, prefect_server: None
+) -> None:
+    from flows.evolve import evolve
+    from reef import registry
+
+    _failing_traffic(server, "always")
+    base = _chain(server, "always")[0]
+    result = evolve("always", overrides=_overrides(server, "always"))
+    assert result["status"] == "published", result
+    chain = _chain(server, "always")
+    head = chain[0]
+    assert head["release_id"] == result["release_id"] and head["operation"] == "harness"
+    assert head["kind"] == base["kind"] == "base"  # the weights did not change
+    assert head["metadata"]["weights_release_id"] == base["release_id"]
+
+    got = httpx.get(f"{server.url}/reef/harness", params={"scenario": "always"}).json()
+    assert got["release_id"] == head["release_id"] and got["files"]
+    assert got["content_hash"] == head["content_hash"]
+    assert got["evaluation"]["gate"]["status"] == "accepted"
+
+    client = openai.OpenAI(
+        base_url=server.base_url, api_key="none", default_headers={"x-reef-scenario": "always"}
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=2
+    )
+    assert raw.headers["x-reef-release-id"] == head["release_id"]
+    # the scenario's first harness is injected for every client, and the record says so
+    assert got["inject"] is True
+    rec = httpx.get(
+        f"{server.url}/reef/scenarios/always/records/{raw.headers['x-reef-agent-record-id']}"
+    ).json()
+    assert rec["tags"]["reef.harness_release"] == head["release_id"]
+
+    tracking = f"sqlite:///{(server.state_dir / 'mlflow.db').resolve()}"
+    champ = registry.champion(tracking, "always")
+    assert champ is not None and champ[1] == head["release_id"]
+
+    # The batch was consumed: a second run has nothing new to learn from.
+    again = evolve("always", overrides=_overrides(server, "always"))
+    assert again["status"] == "not_ready", again
+
+
+def test_paired_evaluation_caches_the_head_and_counts_infra_failures(
+    server: ReefServer,
+) -> None:
+    admin = EngineAdmin(server.url)
+    dead = EngineAdmin(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    httpx.post(f"{server.url}/reef/scenarios", json={"name": "pairs"})
+    tasks = [
+        Task(
+            f"t{i}",
+            [{"role": "user", "content": f"Capital of France? ({i})"}],
+            {"correction": WANTED},
+        )
+        for i in range(3)
+    ]
+    head = Harness.empty()
+    candidate = Harness({"AGENTS.md": "Answer with the city's name only.\n"})
+
+    def generate(via: EngineAdmin):  # type: ignore[no-untyped-def]
+        def run(messages: list[dict], seed: int) -> str:
+            from reef.errors import EngineUnavailable
+
+            try:
+                return via.generate("pairs", messages, max_tokens=6, temperature=0.7, seed=seed)
+            except EngineUnavailable as e:
+                raise EpisodeError(e.message, infra=True) from None
+
+        return run
+
+    cache: dict[str, float] = {}
+    kwargs = {
+        "repeats": 2,
+        "scorer": correction_scorer,
+        "weights_id": "base",
+        "sampling": {"temperature": 0.7},
+        "cache": cache,
+    }
+    first = paired_evaluation(generate(admin), tasks, candidate, head, **kwargs)  # type: ignore[arg-type]
+    assert first.task_ids == ["t0", "t1", "t2"] and first.episodes == 12
+    assert first.head_cached == 0 and first.infra_failures == 0 and len(cache) == 6
+
+    # Same head again: its 6 episodes come from the cache; only the candidate runs.
+    second = paired_evaluation(generate(admin), tasks, candidate, head, **kwargs)  # type: ignore[arg-type]
+    assert second.head_cached == 6 and second.episodes == 6
+    assert second.head == first.head  # the cached head scores, paired with the same tasks
+
+    # The engine unreachable for the candidate: failures are counted, not scored as zeros,
+    # and no task enters the comparison half-done.
+    third = paired_evaluation(generate(dead), tasks, candidate, head, **kwargs)  # type: ignore[arg-type]
+    assert third.infra_failures == 6 and third.task_ids == [] and third.candidate == []
+    assert third.incomplete_tasks == ["t0", "t1", "t2"]
+    admin.close()
+    dead.close()
