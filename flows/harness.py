@@ -341,7 +341,10 @@ def instruct(
 ) -> dict[str, Any]:
     """Turn the job's plain-language ask into a harness candidate, evaluate it against the head,
     and hold it for review. Each step is written to the job, which the user polls."""
+    import mlflow
+
     from flows.experience import materialize_snapshot
+    from reef import registry
     from reef.datasets import load
     from reef.recipe import load_recipe
 
@@ -361,49 +364,70 @@ def instruct(
         p: HarnessParams = recipe.params
         head = store.head_release(scenario)
         current = head_harness(settings, head)
-        step("proposing", head_release_id=head.id, mode=p.instruct_mode)
-        admin = engine_admin(settings)
-        try:
-            new, source = _instructed(admin, head, current, ask, p)
-            changes = diff(current, new)
-            step("proposed", source=source, diff=changes)
-            snapshot, _ = materialize_snapshot(
-                settings.database_url,
-                settings.artifacts_url,
-                scenario,
-                "scored",
-                recipe="instruct",
-                artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
+        experiment = registry.ensure_experiment(
+            settings.tracking_uri, f"reef/{scenario}", settings.mlflow_artifact_location
+        )
+        mlflow.set_tracking_uri(settings.tracking_uri)
+        with (
+            registry.s3_endpoint(settings.artifacts.s3_endpoint_url),
+            mlflow.start_run(experiment_id=experiment, run_name="instruct") as run,
+        ):
+            mlflow.log_params(
+                {
+                    "scenario": scenario,
+                    "job_id": job_id,
+                    "ask": ask[:500],
+                    "head_release_id": head.id,
+                    **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
+                }
             )
-            rows = load(_artifacts(settings), snapshot.key).to_pylist() if snapshot.rows else []
-            tasks, scorer = eval_tasks(settings, recipe, rows)
-            tasks = tasks[: p.max_examples]
-            step("evaluating", tasks=len(tasks), repeats=p.repeats)
-            generate = generator(admin, scenario, head.id, p)
-            result = evaluate(settings, generate, tasks, scorer, new, current, head, p)
-        finally:
-            admin.close()
-        decision = held_for_review(
-            decide(result.candidate, result.head, gate_policy(settings)),
-            "an instruction's candidate waits for review (promote it to release it)",
-        )
-        step(
-            "evaluated",
-            **result.metrics(),
-            mean_candidate=decision.mean_candidate,
-            mean_head=decision.mean_head,
-        )
-        metrics = {**result.metrics(), **decision.metrics()}
-        candidate = publish(
-            settings,
-            head,
-            new,
-            decision,
-            recipe="instruct",
-            dataset_id=snapshot.content_hash if snapshot.rows else None,
-            metrics=metrics,
-            run_id=None,
-        )
+            step("proposing", head_release_id=head.id, mode=p.instruct_mode)
+            admin = engine_admin(settings)
+            try:
+                new, source = _instructed(admin, head, current, ask, p)
+                changes = diff(current, new)
+                mlflow.set_tag("reef.harness_source", source)
+                mlflow.log_dict(changes, "harness_diff.json")
+                mlflow.log_dict(dict(new.files), "harness_files.json")
+                step("proposed", source=source, diff=changes)
+                snapshot, _ = materialize_snapshot(
+                    settings.database_url,
+                    settings.artifacts_url,
+                    scenario,
+                    "scored",
+                    recipe="instruct",
+                    artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
+                )
+                rows = load(_artifacts(settings), snapshot.key).to_pylist() if snapshot.rows else []
+                tasks, scorer = eval_tasks(settings, recipe, rows)
+                tasks = tasks[: p.max_examples]
+                step("evaluating", tasks=len(tasks), repeats=p.repeats)
+                generate = generator(admin, scenario, head.id, p)
+                result = evaluate(settings, generate, tasks, scorer, new, current, head, p)
+            finally:
+                admin.close()
+            decision = held_for_review(
+                decide(result.candidate, result.head, gate_policy(settings)),
+                "an instruction's candidate waits for review (promote it to release it)",
+            )
+            step(
+                "evaluated",
+                **result.metrics(),
+                mean_candidate=decision.mean_candidate,
+                mean_head=decision.mean_head,
+            )
+            metrics = {**result.metrics(), **decision.metrics()}
+            log_gate(decision, result.__dict__, metrics)
+            candidate = publish(
+                settings,
+                head,
+                new,
+                decision,
+                recipe="instruct",
+                dataset_id=snapshot.content_hash if snapshot.rows else None,
+                metrics=metrics,
+                run_id=run.info.run_id,
+            )
         out = {
             "candidate_id": candidate.id,
             "status": candidate.status,
@@ -412,6 +436,7 @@ def instruct(
             "gate": decision.as_dict(),
             "evaluation": result.metrics(),
             "model_uri": candidate.model_uri,
+            "run_id": run.info.run_id,
         }
         store.update_job(
             scenario,

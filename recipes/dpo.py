@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from recipes.params import TRLParams
 from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
 
 if TYPE_CHECKING:
@@ -17,30 +18,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class DPOParams:
-    """beta 0.1 and the sigmoid loss are the paper's and TRL's defaults; TRL's learning rate
-    1e-6 is for full fine-tunes, and LoRA wants about ten times a full fine-tune's rate
-    ("LoRA Without Regret", Schulman et al. 2025), hence 1e-5 with LoRA."""
+class DPOParams(TRLParams):
+    """beta 0.1 and the sigmoid loss are the paper's and TRL's defaults; the learning rates are
+    TRLParams' (1e-5 with LoRA, 1e-6 full)."""
 
     beta: float = 0.1
     loss_type: str = "sigmoid"  # any of TRL's DPOConfig.loss_type values ("ipo", "hinge", ...)
     # Pairs whose scores differ by no more than this are ties, not preferences.
     min_margin: float = 0.0
-    epochs: float = 3.0  # TrainingArguments' default
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    learning_rate: float | None = None  # None: 1e-5 with LoRA, 1e-6 full (TRL's default)
     max_length: int = 1024  # TRL's default
-    max_steps: int = -1
-    full: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"
-
-
-LORA_LEARNING_RATE = 1e-5
-FULL_LEARNING_RATE = 1e-6
 
 
 class DPORecipe(Recipe):
@@ -78,14 +64,12 @@ class DPORecipe(Recipe):
 
         from recipes.training import (
             NothingToTrain,
-            drop_reference_adapter,
-            final_metrics,
+            fit,
             load_policy,
             lora_from,
             progress_callback,
             reference_model,
-            save_candidate,
-            trl_args,
+            run_args,
         )
 
         p: DPOParams = self.params
@@ -97,23 +81,8 @@ class DPORecipe(Recipe):
             )
         lora = lora_from(p)
         model, tokenizer = load_policy(job, lora)
-        lr = p.learning_rate
-        if lr is None:
-            lr = LORA_LEARNING_RATE if lora else FULL_LEARNING_RATE
         args = DPOConfig(
-            **trl_args(
-                job.out_dir,
-                job.seed,
-                num_train_epochs=p.epochs,
-                max_steps=p.max_steps,
-                per_device_train_batch_size=p.batch_size,
-                gradient_accumulation_steps=p.gradient_accumulation_steps,
-                learning_rate=lr,
-                max_length=p.max_length,
-                beta=p.beta,
-                loss_type=[p.loss_type],
-                activation_checkpointing=False,
-            )
+            **run_args(p, job, lora, max_length=p.max_length, beta=p.beta, loss_type=[p.loss_type])
         )
         trainer = DPOTrainer(
             model=model,
@@ -123,8 +92,4 @@ class DPORecipe(Recipe):
             processing_class=tokenizer,
             callbacks=[progress_callback(progress)],
         )
-        trainer.train()
-        drop_reference_adapter(trainer.model)
-        kind = save_candidate(trainer.model, tokenizer, job)
-        metrics = final_metrics(trainer.state.log_history) | {"train_pairs": float(len(rows))}
-        return Trained(kind, path=job.out_dir, metrics=metrics, trained_sample_ids=tuple(ids))
+        return fit(trainer, tokenizer, job, ids, {"train_pairs": float(len(rows))})

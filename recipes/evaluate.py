@@ -77,15 +77,10 @@ def replay_samples(rows: Sequence[dict[str, Any]], threshold: float) -> list[Eva
 
 
 def task_samples(path: Path) -> list[EvalSample]:
-    """A JSONL task set: each line {"messages": [...], ...other columns for the scorer}."""
-    out = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        item = json.loads(line)
-        messages = item.pop("messages")
-        out.append(EvalSample(str(item.pop("id", i)), messages, columns=item))
-    return out
+    """A JSONL task set: each line {"messages": [...], "id"?, ...other columns for the scorer}."""
+    from recipes.harness.episodes import task_set
+
+    return [EvalSample(t.task_id, t.messages, columns=t.columns) for t in task_set(path)]
 
 
 @torch.inference_mode()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from recipes.params import TRLParams
 from reef.errors import ConfigError
 from reef.recipe import Progress, Recipe, ReportContract, Scorer, Trained, TrainJob, import_object
 
@@ -21,13 +22,12 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class GRPOParams:
+class GRPOParams(TRLParams):
     """Defaults are TRL's GRPOConfig (epsilon 0.2 as in the paper, beta 0.0: no KL penalty,
     as DAPO and Dr. GRPO found it unneeded, and no reference model to hold; loss "dapo";
     temperature 1.0) except where a CPU needs smaller: 4 answers per prompt (TRL 8, the
     paper 64) and 32 answer tokens (TRL 512), which is enough to judge a short-answer task.
-    TRL's learning rate 1e-6 is for full fine-tunes; LoRA wants about ten times a full
-    fine-tune's ("LoRA Without Regret", Schulman et al. 2025), hence 1e-5 with LoRA."""
+    The learning rates are TRLParams' (1e-5 with LoRA, 1e-6 full)."""
 
     reward: str = "recipes.scorers:at_most_five_words"
     num_generations: int = 4
@@ -36,17 +36,8 @@ class GRPOParams:
     beta: float = 0.0
     epsilon: float = 0.2
     loss_type: str = "dapo"
-    epochs: float = 3.0  # TrainingArguments' default
-    # Answers per optimizer step; a multiple of num_generations (whole groups per batch).
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    learning_rate: float | None = None  # None: 1e-5 with LoRA, 1e-6 full (TRL's default)
-    max_steps: int = -1
-    full: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"
+    # batch_size (answers per optimizer step) must hold whole groups: a multiple of
+    # num_generations, with gradient_accumulation_steps.
 
     def __post_init__(self) -> None:
         if self.num_generations < 2:
@@ -57,10 +48,6 @@ class GRPOParams:
                 f"batch_size * gradient_accumulation_steps ({per_generation}) must be a multiple "
                 f"of num_generations ({self.num_generations})"
             )
-
-
-LORA_LEARNING_RATE = 1e-5
-FULL_LEARNING_RATE = 1e-6
 
 
 class GRPORecipe(Recipe):
@@ -99,13 +86,11 @@ class GRPORecipe(Recipe):
 
         from recipes.training import (
             NothingToTrain,
-            drop_reference_adapter,
-            final_metrics,
+            fit,
             load_policy,
             lora_from,
             progress_callback,
-            save_candidate,
-            trl_args,
+            run_args,
         )
 
         p: GRPOParams = self.params
@@ -115,25 +100,17 @@ class GRPORecipe(Recipe):
             raise NothingToTrain("grpo: the snapshot has no requests to sample answers for")
         lora = lora_from(p)
         model, tokenizer = load_policy(job, lora)
-        lr = p.learning_rate
-        if lr is None:
-            lr = LORA_LEARNING_RATE if lora else FULL_LEARNING_RATE
         args = GRPOConfig(
-            **trl_args(
-                job.out_dir,
-                job.seed,
-                num_train_epochs=p.epochs,
-                max_steps=p.max_steps,
-                per_device_train_batch_size=p.batch_size,
-                gradient_accumulation_steps=p.gradient_accumulation_steps,
-                learning_rate=lr,
+            **run_args(
+                p,
+                job,
+                lora,
                 num_generations=p.num_generations,
                 max_completion_length=p.max_completion_length,
                 temperature=p.temperature,
                 beta=p.beta,
                 epsilon=p.epsilon,
                 loss_type=p.loss_type,
-                activation_checkpointing=False,
             )
         )
         trainer = GRPOTrainer(
@@ -148,8 +125,4 @@ class GRPORecipe(Recipe):
             # TRL reloads the reference from the config's path: the bare base when the head
             # was an adapter merged in here. The reference is the policy we start from.
             trainer.ref_model.load_state_dict(model.state_dict())
-        trainer.train()
-        drop_reference_adapter(trainer.model)
-        kind = save_candidate(trainer.model, tokenizer, job)
-        metrics = final_metrics(trainer.state.log_history) | {"train_prompts": float(len(rows))}
-        return Trained(kind, path=job.out_dir, metrics=metrics, trained_sample_ids=tuple(ids))
+        return fit(trainer, tokenizer, job, ids, {"train_prompts": float(len(rows))})

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from recipes.params import TRLParams
 from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
 
 if TYPE_CHECKING:
@@ -20,10 +21,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class KTOParams:
-    """beta 0.1 and the 1:1 weights are the paper's and TRL's defaults; TRL's learning rate
-    1e-6 is for full fine-tunes, and LoRA wants about ten times a full fine-tune's rate
-    ("LoRA Without Regret", Schulman et al. 2025), hence 1e-5 with LoRA."""
+class KTOParams(TRLParams):
+    """beta 0.1 and the 1:1 weights are the paper's and TRL's defaults; the learning rates are
+    TRLParams' (1e-5 with LoRA, 1e-6 full). `batch_size` must be > 1: KTO estimates its KL
+    term from mismatched pairs in a batch."""
 
     threshold: float = 0.5  # scores are on [0, 1]; >= threshold is desirable
     use_corrections: bool = True
@@ -32,21 +33,7 @@ class KTOParams:
     # [1, 4/3]); a number fixes the weight.
     desirable_weight: float | None = None
     undesirable_weight: float = 1.0
-    epochs: float = 3.0  # TrainingArguments' default
-    batch_size: int = 4  # must be > 1: KTO estimates its KL term from mismatched pairs in a batch
-    gradient_accumulation_steps: int = 1
-    learning_rate: float | None = None  # None: 1e-5 with LoRA, 1e-6 full (TRL's default)
     max_length: int = 1024  # TRL's default
-    max_steps: int = -1
-    full: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"
-
-
-LORA_LEARNING_RATE = 1e-5
-FULL_LEARNING_RATE = 1e-6
 
 
 class KTORecipe(Recipe):
@@ -83,14 +70,12 @@ class KTORecipe(Recipe):
 
         from recipes.training import (
             NothingToTrain,
-            drop_reference_adapter,
-            final_metrics,
+            fit,
             load_policy,
             lora_from,
             progress_callback,
             reference_model,
-            save_candidate,
-            trl_args,
+            run_args,
         )
 
         p: KTOParams = self.params
@@ -106,23 +91,15 @@ class KTORecipe(Recipe):
             desirable_weight = n_bad / n_good if n_good and n_bad else 1.0
         lora = lora_from(p)
         model, tokenizer = load_policy(job, lora)
-        lr = p.learning_rate
-        if lr is None:
-            lr = LORA_LEARNING_RATE if lora else FULL_LEARNING_RATE
         args = KTOConfig(
-            **trl_args(
-                job.out_dir,
-                job.seed,
-                num_train_epochs=p.epochs,
-                max_steps=p.max_steps,
-                per_device_train_batch_size=p.batch_size,
-                gradient_accumulation_steps=p.gradient_accumulation_steps,
-                learning_rate=lr,
+            **run_args(
+                p,
+                job,
+                lora,
                 max_length=p.max_length,
                 beta=p.beta,
                 desirable_weight=desirable_weight,
                 undesirable_weight=p.undesirable_weight,
-                activation_checkpointing=False,
             )
         )
         trainer = KTOTrainer(
@@ -133,15 +110,12 @@ class KTORecipe(Recipe):
             processing_class=tokenizer,
             callbacks=[progress_callback(progress)],
         )
-        trainer.train()
-        drop_reference_adapter(trainer.model)
-        kind = save_candidate(trainer.model, tokenizer, job)
-        metrics = final_metrics(trainer.state.log_history) | {
+        counts = {
             "train_desirable": float(n_good),
             "train_undesirable": float(n_bad),
             "train_desirable_weight": float(desirable_weight),
         }
-        return Trained(kind, path=job.out_dir, metrics=metrics, trained_sample_ids=tuple(ids))
+        return fit(trainer, tokenizer, job, ids, counts)
 
 
 def _row(prompt: list[dict[str, Any]], answer: str, label: bool) -> dict[str, Any]:

@@ -10,8 +10,9 @@ answer only (TRL's prompt/completion format, completion-only loss).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from recipes.params import TRLParams
 from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SFTParams:
+class SFTParams(TRLParams):
     """Defaults are the design guide's measured SmolLM2 numbers: LoRA r 16 / alpha 32 on all
     linear layers, lr 1e-3, 6 epochs, batch 4 took "answer in at most five words" from 0-12 %
     to 84 % on 8 corrected answers (attention-only LoRA at 2e-4 barely moved)."""
@@ -29,22 +30,11 @@ class SFTParams:
     threshold: float = 0.5
     use_corrections: bool = True
     epochs: float = 6.0
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    # None: 1e-3 with LoRA (measured above), 2e-5 for a full fine-tune (TRL's SFTConfig default).
-    learning_rate: float | None = None
     max_length: int = 1024  # TRL's SFTConfig default
-    max_steps: int = -1  # > 0 caps the run (smoke tests); -1 trains the full epochs
-    # full: true trains every weight and writes a checkpoint; else LoRA writes an adapter.
-    full: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"
 
-
-LORA_LEARNING_RATE = 1e-3
-FULL_LEARNING_RATE = 2e-5
+    # 1e-3 with LoRA (measured above), 2e-5 for a full fine-tune (TRL's SFTConfig default).
+    lora_learning_rate: ClassVar[float] = 1e-3
+    full_learning_rate: ClassVar[float] = 2e-5
 
 
 class SFTRecipe(Recipe):
@@ -84,12 +74,11 @@ class SFTRecipe(Recipe):
 
         from recipes.training import (
             NothingToTrain,
-            final_metrics,
+            fit,
             load_policy,
             lora_from,
             progress_callback,
-            save_candidate,
-            trl_args,
+            run_args,
         )
 
         p: SFTParams = self.params
@@ -101,27 +90,8 @@ class SFTRecipe(Recipe):
             )
         lora = lora_from(p)
         model, tokenizer = load_policy(job, lora)
-        lr = (
-            p.learning_rate
-            if p.learning_rate is not None
-            else LORA_LEARNING_RATE
-            if lora
-            else FULL_LEARNING_RATE
-        )
         args = SFTConfig(
-            **trl_args(
-                job.out_dir,
-                job.seed,
-                num_train_epochs=p.epochs,
-                max_steps=p.max_steps,
-                per_device_train_batch_size=p.batch_size,
-                gradient_accumulation_steps=p.gradient_accumulation_steps,
-                learning_rate=lr,
-                max_length=p.max_length,
-                completion_only_loss=True,
-                # Small models on CPU: recomputing activations costs time and saves little.
-                activation_checkpointing=False,
-            )
+            **run_args(p, job, lora, max_length=p.max_length, completion_only_loss=True)
         )
         trainer = SFTTrainer(
             model=model,
@@ -130,7 +100,4 @@ class SFTRecipe(Recipe):
             processing_class=tokenizer,
             callbacks=[progress_callback(progress)],
         )
-        trainer.train()
-        kind = save_candidate(trainer.model, tokenizer, job)
-        metrics = final_metrics(trainer.state.log_history) | {"train_rows": float(len(rows))}
-        return Trained(kind, path=job.out_dir, metrics=metrics, trained_sample_ids=tuple(ids))
+        return fit(trainer, tokenizer, job, ids, {"train_rows": float(len(rows))})

@@ -7,15 +7,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from recipes.params import TRLParams
 from reef.errors import BadRequest
 from reef.experience import correction as correction  # recipes read it from here
-from reef.recipe import Progress, ReleaseKind, TrainJob
+from reef.recipe import Progress, ReleaseKind, Trained, TrainJob
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,27 @@ def trl_args(out_dir: Any, seed: int, **params: Any) -> dict[str, Any]:
         "dataloader_num_workers": 0,
         **params,
     }
+
+
+def run_args(p: TRLParams, job: TrainJob, lora: LoraParams | None, **params: Any) -> dict:
+    """`trl_args` with the hyper-parameters every TRL recipe shares, from `p`, and the
+    recipe's own `params`: the learning rate is `p.learning_rate`, or the recipe's default
+    for LoRA or for a full fine-tune."""
+    lr = p.learning_rate
+    if lr is None:
+        lr = p.lora_learning_rate if lora is not None else p.full_learning_rate
+    return trl_args(
+        job.out_dir,
+        job.seed,
+        num_train_epochs=p.epochs,
+        max_steps=p.max_steps,
+        per_device_train_batch_size=p.batch_size,
+        gradient_accumulation_steps=p.gradient_accumulation_steps,
+        learning_rate=lr,
+        # Small models on CPU: recomputing activations costs time and saves little.
+        activation_checkpointing=False,
+        **params,
+    )
 
 
 def progress_callback(progress: Progress | None) -> Any:
@@ -185,6 +207,22 @@ def reference_model(model: Any) -> Any:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
+
+
+def fit(
+    trainer: Any, tokenizer: Any, job: TrainJob, ids: Sequence[str], metrics: Mapping[str, float]
+) -> Trained:
+    """Run a built TRL trainer, drop the reference adapter TRL may have added, save the
+    candidate into `job.out_dir`, and report it with the last logged metrics and `metrics`."""
+    trainer.train()
+    drop_reference_adapter(trainer.model)
+    kind = save_candidate(trainer.model, tokenizer, job)
+    return Trained(
+        kind,
+        path=job.out_dir,
+        metrics=final_metrics(trainer.state.log_history) | dict(metrics),
+        trained_sample_ids=tuple(ids),
+    )
 
 
 def drop_reference_adapter(model: Any) -> None:

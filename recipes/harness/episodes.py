@@ -98,7 +98,7 @@ def task_set(path: Path) -> list[Task]:
             continue
         item = json.loads(line)
         messages = item.pop("messages")
-        out.append(Task(str(item.pop("id", f"task-{i}")), list(messages), item))
+        out.append(Task(str(item.pop("id", i)), list(messages), item))
     return out
 
 

@@ -210,3 +210,79 @@ def test_paired_evaluation_caches_the_head_and_counts_infra_failures(
     assert third.incomplete_tasks == ["t0", "t1", "t2"]
     admin.close()
     dead.close()
+
+
+def _job(srv: ReefServer, scenario: str, text: str) -> str:
+    from reef.records import Job, new_id, utcnow
+    from reef.store.sql import open_store
+
+    store = open_store(f"sqlite:///{srv.state_dir / 'reef.db'}")
+    try:
+        now = utcnow()
+        job = Job(new_id("job"), scenario, "instruct", "queued", {"text": text}, now, now)
+        return store.add_job(job).id
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("mode", ["append", "model"])
+def test_an_instruction_becomes_a_candidate_held_for_review(
+    server: ReefServer, prefect_server: None, mode: str
+) -> None:
+    from flows.harness import instruct
+    from reef import registry
+
+    scenario = f"ask-{mode}"
+    _failing_traffic(server, scenario)
+    before = _chain(server, scenario)
+    ask = "Answer with the name of the city only."
+    job_id = _job(server, scenario, ask)
+    overrides = _overrides(server, "improve")
+    overrides["reef"]["params"]["instruct_mode"] = mode
+    out = instruct(scenario, job_id, overrides=overrides)
+
+    job = httpx.get(f"{server.url}/reef/train/{job_id}", params={"scenario": scenario}).json()
+    assert job["status"] == "done" and job["candidate_id"] == out["candidate_id"]
+    assert [s["step"] for s in job["steps"]] == [
+        "proposing",
+        "proposed",
+        "evaluating",
+        "evaluated",
+        "pending_review",
+    ]
+    assert job["result"]["evaluation"]["eval_tasks"] == 6  # every reported question, paired
+    assert job["result"]["evaluation"]["eval_repeats"] == 2
+    if mode == "append" or out["source"] == "rule":
+        assert out["diff"] == {
+            "created": ["AGENTS.md", "harness.json"],
+            "updated": [],
+            "removed": [],
+        }
+    else:
+        assert out["source"] == "proposer" and out["diff"]["created"]
+
+    cand = httpx.get(f"{server.url}/reef/scenarios/{scenario}/candidates").json()["data"][0]
+    assert cand["release_id"] == out["candidate_id"] and cand["status"] == "pending"
+    assert cand["gate"]["status"] == "pending" and cand["gate"]["n"] == 6
+    assert _chain(server, scenario) == before  # held: nothing released
+
+    tracking = f"sqlite:///{(server.state_dir / 'mlflow.db').resolve()}"
+    tags = registry.get_tags(tracking, cand["model_uri"])
+    assert tags["reef.kind"] == "harness" and tags["reef.recipe"] == "instruct"
+    import mlflow
+
+    run = mlflow.MlflowClient(tracking).get_run(out["run_id"])
+    assert run.data.params["ask"] == ask and run.data.metrics["eval_tasks"] == 6
+
+    # promote releases it; the scenario's first harness is injected for every client
+    r = httpx.post(
+        f"{server.url}/reef/scenarios/{scenario}/promote",
+        json={"release_id": cand["release_id"]},
+        timeout=60,
+    )
+    assert r.status_code == 201, r.text
+    got = httpx.get(f"{server.url}/reef/harness", params={"scenario": scenario}).json()
+    assert got["release_id"] == cand["release_id"] and got["inject"] is True
+    if out["source"] == "rule":
+        rules = next(f["content"] for f in got["files"] if f["path"] == "AGENTS.md")
+        assert rules == f"## Instructions\n- {ask}\n"
