@@ -55,6 +55,7 @@ from reef.gate import Decision, decide
 from reef.harness import (
     Harness,
     HarnessCache,
+    adds_executable,
     diff,
     harness_candidate,
     harness_release,
@@ -134,10 +135,6 @@ def proposer(admin: EngineAdmin, scenario: str, release_id: str, p: HarnessParam
 def head_harness(settings: Settings, head: Release) -> Harness:
     cache = HarnessCache(_artifacts(settings), settings.server.state_dir.resolve() / "cache")
     return cache.get(head) or Harness.empty()
-
-
-def adds_executable(old: Harness, new: Harness) -> list[str]:
-    return sorted(set(new.executable_files()) - set(old.executable_files()))
 
 
 # tasks -------------------------------------------------------------------------------------

@@ -238,6 +238,11 @@ def diff(old: Harness, new: Harness) -> dict[str, list[str]]:
     }
 
 
+def adds_executable(old: Harness, new: Harness) -> list[str]:
+    """The executable paths `new` has that `old` did not: what a reviewer must read first."""
+    return sorted(set(new.executable_files()) - set(old.executable_files()))
+
+
 def _check_path(path: object) -> None:
     if not isinstance(path, str) or not path:
         raise _bad(str(path), "a path must be a non-empty string")

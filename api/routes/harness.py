@@ -21,12 +21,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from api.answers import schema_ref
 from api.bodies import read_json, validate
 from api.routes.experience import artifacts_of
-from api.routes.releases import candidate_out, deploy_here, release_out
+from api.routes.releases import candidate_out, deploy_here
 from api.services import Services, caller
 from reef.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
 from reef.harness import (
     Harness,
     HarnessCache,
+    adds_executable,
     harness_candidate,
     harness_release,
     register_harness,
@@ -155,7 +156,7 @@ async def publish_harness(request: Request, scenario: str) -> Any:
         raise Conflict("the head already serves this harness", code="harness_unchanged")
     ref = await asyncio.to_thread(store_harness, artifacts_of(svc.settings), name, new)
     release = harness_release(head, ref, content_hash=ref["content_hash"])
-    added = sorted(set(new.executable_files()) - set(current.executable_files()))
+    added = adds_executable(current, new)
     gate = "pending" if added else "harness"
     model_uri = await asyncio.to_thread(
         register_harness, svc.settings, release, new, recipe="admin", gate=gate
@@ -174,21 +175,7 @@ async def publish_harness(request: Request, scenario: str) -> Any:
         )
         stored = await asyncio.to_thread(svc.store.add_candidate, candidate)
         return JSONResponse(candidate_out(stored).model_dump(mode="json"), status_code=202)
-    release = dataclasses.replace(release, model_uri=model_uri)
-    if release.kind == "base" and svc.variants is None:  # nothing to stage in the engine
-        published = await asyncio.to_thread(svc.store.publish_release, release)
-        if model_uri:
-            await asyncio.to_thread(_champion, svc, published)
-        svc.serving.forget(name)
-        return release_out(published, published.id)
-    return await deploy_here(svc, release)
-
-
-def _champion(svc: Services, release: Release) -> None:
-    from reef import registry
-
-    if release.model_uri:
-        registry.set_champion(svc.settings.tracking_uri, release.scenario, release.model_uri)
+    return await deploy_here(svc, dataclasses.replace(release, model_uri=model_uri))
 
 
 @router.post(

@@ -86,25 +86,34 @@ class LocalEngine:
     """deploy.engine.EngineTarget for this process's engine, called from a worker thread."""
 
     def __init__(self, svc: Services, loop: asyncio.AbstractEventLoop):
-        assert svc.variants is not None
-        self._variants: Variants = svc.variants
+        # None: an engine that cannot load releases (upstream): it serves base releases only,
+        # with or without a harness
+        self._variants: Variants | None = svc.variants
+        self.engine_kind = svc.engine.kind
         self.serving = svc.serving
         self.loop = loop
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    def _deployable(self) -> Variants:
+        if self._variants is None:
+            raise BadRequest(
+                f"the {self.engine_kind} engine cannot load releases", code="not_deployable"
+            )
+        return self._variants
+
     def load(self, name: str, kind: str, source: str) -> dict[str, Any]:
-        return dict(self._run(self._variants.load(name, kind, source)))
+        return dict(self._run(self._deployable().load(name, kind, source)))
 
     def verify(self, name: str) -> dict[str, Any]:
-        return dict(self._run(self._variants.verify(name)))
+        return dict(self._run(self._deployable().verify(name)))
 
     def unload(self, name: str) -> None:
-        self._run(self._variants.unload(name))
+        self._run(self._deployable().unload(name))
 
     def variants(self) -> list[str]:
-        return self._variants.loaded()
+        return self._variants.loaded() if self._variants is not None else []
 
     def refresh(self, scenario: str) -> None:
         self.loop.call_soon_threadsafe(self.serving.forget, scenario)
@@ -167,8 +176,11 @@ async def deploy_here(svc: Services, release: Release) -> ReleaseOut:
     from deploy.release import deploy
     from reef import registry
 
-    if svc.variants is None:
-        raise BadRequest("this server's engine cannot deploy releases", code="not_deployable")
+    if svc.variants is None and release.kind != "base":
+        raise BadRequest(
+            f"the {svc.engine.kind} engine cannot load {release.kind} releases",
+            code="not_deployable",
+        )
     target = LocalEngine(svc, asyncio.get_running_loop())
 
     def champion(r: Release) -> None:

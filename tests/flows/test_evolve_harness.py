@@ -158,6 +158,60 @@ def test_an_accepted_harness_is_released_and_serves(
     assert again["status"] == "not_ready", again
 
 
+def test_an_upstream_engine_evolves_its_harness(
+    tmp_path_factory: pytest.TempPathFactory, prefect_server: None
+) -> None:
+    """No weights to train (a hosted model): the harness still evolves, is released on the
+    chain and served; an executable one waits for review and is promoted."""
+    from flows.evolve import evolve
+
+    with ReefServer(tmp_path_factory.mktemp("back"), "--model", "tiny") as back:
+        front_dir = tmp_path_factory.mktemp("front")
+        args = ("--engine", "upstream", "--upstream-url", back.base_url)
+        with ReefServer(front_dir, *args) as front:
+            _failing_traffic(front, "hosted")
+            base = _chain(front, "hosted")[0]
+            overrides = _overrides(front, "always")
+            overrides["engine"] = {
+                "kind": "upstream",
+                "upstream_url": back.base_url,
+                "model": "tiny",
+            }
+            result = evolve("hosted", overrides=overrides)
+            assert result["status"] == "published", result
+            head = _chain(front, "hosted")[0]
+            assert head["operation"] == "harness" and head["kind"] == "base"
+            assert head["metadata"]["weights_release_id"] == base["release_id"]
+
+            client = openai.OpenAI(
+                base_url=front.base_url,
+                api_key="none",
+                default_headers={"x-reef-scenario": "hosted"},
+            )
+            raw = client.chat.completions.with_raw_response.create(
+                model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=2
+            )
+            assert raw.headers["x-reef-release-id"] == head["release_id"]
+            rec = httpx.get(
+                f"{front.url}/reef/scenarios/hosted/records/{raw.headers['x-reef-agent-record-id']}"
+            ).json()
+            assert rec["tags"]["reef.harness_release"] == head["release_id"]
+
+            held = httpx.post(
+                f"{front.url}/reef/scenarios/hosted/harness",
+                json={"edits": [{"op": "create", "path": "scripts/x.sh", "content": "echo"}]},
+                timeout=60,
+            )
+            assert held.status_code == 202, held.text
+            r = httpx.post(
+                f"{front.url}/reef/scenarios/hosted/promote",
+                json={"release_id": held.json()["release_id"]},
+                timeout=60,
+            )
+            assert r.status_code == 201, r.text
+            assert _chain(front, "hosted")[0]["release_id"] == held.json()["release_id"]
+
+
 def test_paired_evaluation_caches_the_head_and_counts_infra_failures(
     server: ReefServer,
 ) -> None:
@@ -239,6 +293,8 @@ def test_an_instruction_becomes_a_candidate_held_for_review(
     job_id = _job(server, scenario, ask)
     overrides = _overrides(server, "improve")
     overrides["reef"]["params"]["instruct_mode"] = mode
+    if mode == "model":  # any OpenAI-compatible server proposes: here, Reef's own /v1
+        overrides["reef"]["params"].update(proposer_url=server.base_url, proposer_model="tiny")
     out = instruct(scenario, job_id, overrides=overrides)
 
     job = httpx.get(f"{server.url}/reef/train/{job_id}", params={"scenario": scenario}).json()
