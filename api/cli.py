@@ -64,14 +64,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _has_work(settings: Settings) -> bool:
-    """Whether a worker has anything to evolve: weights it can train, or a harness."""
-    from reef.recipe import recipe_class
-
-    recipe = recipe_class(settings.reef.recipe)
-    return settings.engine.kind != "upstream" or recipe.target == "harness"
-
-
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -85,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
     settings.server.state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
     evolver, engine_token = None, None
-    if settings.reef.auto and _has_work(settings):
+    if settings.reef.auto:  # the worker evolves scenarios and runs users' jobs (/reef/train)
         from api.auth import new_token
         from api.evolver import Evolver
 

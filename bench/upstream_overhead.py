@@ -275,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.database_url:
             cmd += ["--database-url", args.database_url]
         log = (state_dir / "reef.log").open("w")
-        env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
+        # no evolve worker: it would share the cores with what is being measured
+        env = {
+            **os.environ,
+            "REEF_REEF__AUTO": "false",
+            **dict(kv.split("=", 1) for kv in args.env),
+        }
         result["reef_env"] = args.env
         reef = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         procs.append(reef)

@@ -142,12 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Great Expectations logs ~40 INFO lines per validation about its own plugins.
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    from reef.recipe import recipe_class
+    from reef.recipe import evolves_with, recipe_class
 
-    chosen = recipe_class(settings.reef.recipe)
-    kind = chosen.kind
-    # An upstream engine's weights cannot be trained: its worker runs harness work only.
-    evolving = settings.engine.kind != "upstream" or chosen.target == "harness"
+    kind = recipe_class(settings.reef.recipe).kind
+    # With an upstream engine and a weights recipe there is nothing to train: user jobs only.
+    evolving = evolves_with(settings.engine.kind, settings.reef.recipe)
     pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
     submitted: dict[str, str] = {}  # scenario -> its deployment run still owning a batch
 

@@ -162,6 +162,12 @@ def recipe_class(name: str) -> type[Recipe]:
     return cls
 
 
+def evolves_with(engine_kind: str, recipe: str) -> bool:
+    """Whether `recipe` can evolve a scenario served by this kind of engine: weights need an
+    engine whose weights Reef has (embedded, vLLM); a harness recipe works with any engine."""
+    return engine_kind != "upstream" or recipe_class(recipe).target == "harness"
+
+
 def load_recipe(name: str, params: Mapping[str, Any] | None = None) -> Recipe:
     return recipe_class(name).from_config(params)
 

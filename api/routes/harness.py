@@ -33,7 +33,7 @@ from reef.harness import (
     register_harness,
     store_harness,
 )
-from reef.records import Job, Release, new_id, utcnow
+from reef.records import Candidate, Job, Release, new_id, utcnow
 from reef.wire import HarnessIn, JobOut, ReleaseOut, TrainIn
 
 router = APIRouter(tags=["harness"])
@@ -46,7 +46,7 @@ _SHELL_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]+")
 
 @router.get(
     "/reef/harness",
-    summary="The harness a release carries (default: the scenario's head): manifest and files",
+    summary="The harness a release (default: the head) or a candidate carries: manifest, files",
 )
 async def get_harness(
     request: Request,
@@ -55,7 +55,7 @@ async def get_harness(
     content: bool = True,
 ) -> dict[str, Any]:
     svc, _, name = caller(request, scenario)
-    release = await _release(svc, name, release_id)
+    release, candidate = await _release(svc, name, release_id)
     harness = await asyncio.to_thread(_cache(svc).get, release)
     head = await asyncio.to_thread(svc.store.get_scenario, name)
     out: dict[str, Any] = {
@@ -71,6 +71,8 @@ async def get_harness(
         "executable": [],
         "evaluation": {"gate": release.gate, "metrics": release.metrics},
     }
+    if candidate is not None:  # what a reviewer reads before promoting it
+        out["candidate"] = {"status": candidate.status, "message": candidate.message}
     if harness is None:
         return out
     manifest = harness.manifest()
@@ -238,10 +240,37 @@ def job_out(request: Request, job: Job) -> JobOut:
     return JobOut(**d, url=url)
 
 
-async def _release(svc: Services, scenario: str, release_id: str | None) -> Release:
+async def _release(
+    svc: Services, scenario: str, release_id: str | None
+) -> tuple[Release, Candidate | None]:
+    """The release `release_id` names (default: the head); or, for a candidate's id, the
+    release it would become, with the candidate."""
     if release_id is None:
-        return await asyncio.to_thread(svc.store.head_release, scenario)
-    return await asyncio.to_thread(svc.store.get_release, scenario, release_id)
+        return await asyncio.to_thread(svc.store.head_release, scenario), None
+    try:
+        return await asyncio.to_thread(svc.store.get_release, scenario, release_id), None
+    except NotFound:
+        try:
+            cand = await asyncio.to_thread(svc.store.get_candidate, scenario, release_id)
+        except NotFound:
+            raise NotFound(
+                f"no release or candidate '{release_id}' in scenario '{scenario}'",
+                param="release_id",
+            ) from None
+    shape = Release(
+        id=cand.id,
+        scenario=scenario,
+        seq=-1,
+        parent_id=cand.parent_id,
+        kind=cand.kind,
+        created_at=cand.created_at,
+        uri=cand.uri,
+        metadata=cand.metadata,
+        content_hash=cand.content_hash,
+        gate=cand.gate,
+        metrics=cand.metrics,
+    )
+    return shape, cand
 
 
 def _cache(svc: Services) -> HarnessCache:

@@ -132,6 +132,15 @@ def test_bad_harnesses_are_refused_and_executable_ones_held_for_review(
         assert "executable" in cand["message"] and cand["model_uri"].startswith("models:/")
         held.append(cand["release_id"])
     assert chain() == before  # nothing was released
+    # the reviewer reads the held harness, executable content included
+    review = _harness(server, scenario, release_id=held[0])
+    assert review["candidate"]["status"] == "pending" and not review["current"]
+    assert review["executable"] == ["scripts/setup.sh"]
+    assert {f["path"]: f["content"] for f in review["files"]}["scripts/setup.sh"].startswith("#!")
+    r = httpx.get(
+        f"{server.url}/reef/harness", params={"scenario": scenario, "release_id": "rel_none"}
+    )
+    assert r.status_code == 404 and r.json()["error"]["param"] == "release_id"
     pending = httpx.get(
         f"{server.url}/reef/scenarios/{scenario}/candidates", params={"status": "pending"}
     ).json()["data"]

@@ -21,7 +21,7 @@ from recipes.harness.propose import (
 from recipes.harness.recipe import HarnessRecipe, decode, encode
 from reef.errors import ConfigError
 from reef.harness import Harness
-from reef.recipe import load_recipe
+from reef.recipe import evolves_with, load_recipe
 
 SKILL = "---\nname: cite\ndescription: Cites sources.\n---\nCite.\n"
 HEAD = Harness({"AGENTS.md": "Be brief.\n", "skills/cite/SKILL.md": SKILL})
@@ -156,3 +156,6 @@ def test_the_recipe_is_registered_with_checked_params() -> None:
         load_recipe("harness", {"scorer": "no.such.module:fn"}).task_scorer()  # type: ignore[attr-defined]
     assert decode(encode(HEAD)) == HEAD
     assert load_recipe("sft").target == "weights"
+    # a hosted model has no weights to train; its harness still evolves
+    assert not evolves_with("upstream", "sft") and evolves_with("upstream", "harness")
+    assert evolves_with("embedded", "sft") and evolves_with("vllm", "harness")
