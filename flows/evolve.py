@@ -264,33 +264,6 @@ def publish(
         store.close()
 
 
-def release_of(candidate: Candidate, operation: str | None = None) -> Release:
-    """The release a published candidate becomes (the store assigns seq and created_at). A
-    harness candidate carries its release's metadata (the harness, the weights it keeps)."""
-    if candidate.operation == "harness":
-        metadata = dict(candidate.metadata)
-    else:
-        key = f"releases/{candidate.scenario}/{candidate.content_hash}"
-        metadata = {"artifact_key": key, **candidate.metadata}
-    return Release(
-        id=candidate.id,
-        scenario=candidate.scenario,
-        seq=0,
-        parent_id=candidate.parent_id,
-        kind=candidate.kind,
-        created_at=utcnow(),
-        uri=candidate.uri,
-        metadata=metadata,
-        operation=operation or candidate.operation,
-        content_hash=candidate.content_hash,
-        recipe=candidate.recipe,
-        dataset_id=candidate.dataset_id,
-        metrics=candidate.metrics,
-        gate=candidate.gate,
-        model_uri=candidate.model_uri,
-    )
-
-
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def deploy(settings: Settings, candidate: Candidate, operation: str | None = None) -> Release:
     """Stage + verify in the serving engine, then move the head (CAS) and the MLflow alias."""
@@ -311,7 +284,7 @@ def deploy(settings: Settings, candidate: Candidate, operation: str | None = Non
         release, timings = deploy_release(
             store,
             admin,
-            release_of(candidate, operation),
+            candidate.release(operation),
             keep=max(2, settings.reef.max_staleness + 1),
             mirror=mirror,
         )

@@ -99,6 +99,31 @@ class Candidate:
     # harness reference and the parent weights it keeps (reef.harness.harness_release).
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def release(self, operation: str | None = None) -> Release:
+        """The release it becomes, published on the head it was made against (the store
+        assigns seq and created_at). A harness candidate's metadata is its release's (the
+        harness, the weights it keeps); a trained one names its files' artifact key."""
+        metadata = dict(self.metadata)
+        if self.operation != "harness":
+            metadata = {"artifact_key": f"releases/{self.scenario}/{self.content_hash}", **metadata}
+        return Release(
+            id=self.id,
+            scenario=self.scenario,
+            seq=0,
+            parent_id=self.parent_id,
+            kind=self.kind,
+            created_at=utcnow(),
+            uri=self.uri,
+            metadata=metadata,
+            operation=operation or self.operation,
+            content_hash=self.content_hash,
+            recipe=self.recipe,
+            dataset_id=self.dataset_id,
+            metrics=self.metrics,
+            gate=self.gate,
+            model_uri=self.model_uri,
+        )
+
 
 # An asynchronous job a user started and polls (POST /reef/train): "queued" until a worker takes
 # it, "running" with progress steps, then "done" (its candidate waits for review, or was

@@ -257,20 +257,7 @@ async def _release(
                 f"no release or candidate '{release_id}' in scenario '{scenario}'",
                 param="release_id",
             ) from None
-    shape = Release(
-        id=cand.id,
-        scenario=scenario,
-        seq=-1,
-        parent_id=cand.parent_id,
-        kind=cand.kind,
-        created_at=cand.created_at,
-        uri=cand.uri,
-        metadata=cand.metadata,
-        content_hash=cand.content_hash,
-        gate=cand.gate,
-        metrics=cand.metrics,
-    )
-    return shape, cand
+    return cand.release(), cand
 
 
 def _cache(svc: Services) -> HarnessCache:

@@ -230,30 +230,20 @@ async def rollback(request: Request, scenario: str) -> ReleaseOut:
 def promoted(cand: Candidate, head: Release) -> Release:
     """The release a promoted candidate becomes on top of today's head. A harness candidate
     brings only its harness: it keeps whatever weights the head serves now."""
-    common: dict[str, Any] = {
-        "id": cand.id,
-        "operation": "promote",
-        "content_hash": cand.content_hash,
-        "recipe": cand.recipe,
-        "dataset_id": cand.dataset_id,
-        "metrics": cand.metrics,
-        "gate": cand.gate,
-        "model_uri": cand.model_uri,
-    }
-    if cand.operation == "harness":
-        return harness_release(head, cand.metadata["harness"], **common)
-    return Release(
-        scenario=cand.scenario,
-        seq=0,
+    release = cand.release("promote")
+    if cand.operation == "harness":  # today's head's weights, the candidate's harness
+        rebased = harness_release(head, cand.metadata["harness"])
+        return dataclasses.replace(
+            release,
+            parent_id=head.id,
+            kind=rebased.kind,
+            uri=rebased.uri,
+            metadata=rebased.metadata,
+        )
+    return dataclasses.replace(
+        release,
         parent_id=head.id,  # reviewed against the head it replaces now
-        kind=cand.kind,
-        created_at=utcnow(),
-        uri=cand.uri,
-        metadata={
-            "artifact_key": f"releases/{cand.scenario}/{cand.content_hash}",
-            "trained_on": cand.parent_id,
-        },
-        **common,
+        metadata={**release.metadata, "trained_on": cand.parent_id},
     )
 
 
