@@ -1,7 +1,9 @@
-"""How inference calls are answered, whatever the wire format: receipts, replays, plain answers."""
+"""How calls are answered: inference in either wire format (receipts, replays, plain answers),
+and the release chain's rows."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -11,8 +13,9 @@ from starlette.responses import Response, StreamingResponse
 
 from api.bodies import call_headers
 from api.services import Services
-from reef.records import Record, Scenario
+from reef.records import Candidate, Record, Release, Scenario
 from reef.serving import Call
+from reef.wire import CandidateOut, ReleaseOut
 
 RECEIPT = "x-reef-agent-record-id"
 RELEASE = "x-reef-release-id"
@@ -99,4 +102,33 @@ async def plain_answer(
 def event_stream(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
     return StreamingResponse(
         events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
+    )
+
+
+def release_out(r: Release, head_id: str) -> ReleaseOut:
+    return ReleaseOut(
+        release_id=r.id,
+        parent_release_id=r.parent_id,
+        seq=r.seq,
+        current=r.id == head_id,
+        kind=r.kind,
+        operation=r.operation,
+        created_at=r.created_at,
+        model_uri=r.model_uri,
+        uri=r.uri,
+        content_hash=r.content_hash,
+        recipe=r.recipe,
+        dataset_id=r.dataset_id,
+        metrics=r.metrics,
+        gate=r.gate,
+        metadata=r.metadata,
+    )
+
+
+def candidate_out(c: Candidate) -> CandidateOut:
+    d = dataclasses.asdict(c)
+    return CandidateOut(
+        release_id=c.id,
+        parent_release_id=c.parent_id,
+        **{k: v for k, v in d.items() if k not in ("id", "parent_id", "scenario", "uri")},
     )

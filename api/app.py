@@ -22,8 +22,9 @@ from api.metrics import Metrics, MetricsMiddleware
 from api.readiness_metrics import ReadinessCollector
 from api.routes import anthropic, engine_admin, experience, harness, health, openai, releases
 from api.routes import reef as reef_routes
-from api.services import Services
-from reef.artifacts import open_artifacts
+from api.services import LocalEngine, Services
+from deploy.chain import ReleaseChain
+from reef.artifacts import artifacts_for
 from reef.engines.base import Deployable, Engine
 from reef.harness import HarnessCache
 from reef.serving import Serving
@@ -84,11 +85,7 @@ def create_app(
     """Build the app. The engine is constructed (not started) by the caller; the lifespan
     migrates the store, starts the group committer, the engine and the evolve worker."""
     store = store or open_store(settings.database_url)
-    artifacts = open_artifacts(
-        settings.artifacts_url,
-        endpoint_url=settings.artifacts.s3_endpoint_url,
-        region=settings.artifacts.s3_region,
-    )
+    artifacts = artifacts_for(settings)
     variants = None
     if isinstance(engine, Deployable):
         variants = Variants(engine, store, artifacts, settings.server.state_dir / "cache")
@@ -96,21 +93,27 @@ def create_app(
         store, window_ms=settings.store.commit_window_ms, max_batch=settings.store.commit_max_batch
     )
     metrics = Metrics()
+    harnesses = HarnessCache(artifacts, settings.server.state_dir / "cache")
+    serving = Serving(
+        engine,
+        store,
+        committer,
+        max_tokens_cap=settings.server.max_tokens_cap,
+        variants=variants,
+        harnesses=harnesses,
+    )
+    local = LocalEngine(engine, serving, variants)
     svc = Services(
         settings=settings,
         engine=engine,
         store=store,
         committer=committer,
-        serving=Serving(
-            engine,
-            store,
-            committer,
-            max_tokens_cap=settings.server.max_tokens_cap,
-            variants=variants,
-            harnesses=HarnessCache(artifacts, settings.server.state_dir / "cache"),
-        ),
+        serving=serving,
         auth=Authenticator(settings.auth.tokens, engine_token),
         metrics=metrics,
+        artifacts=artifacts,
+        chain=ReleaseChain(settings, store, artifacts, local, harnesses),
+        local=local,
         variants=variants,
         evolver=evolver,
     )
@@ -118,6 +121,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(store.migrate)
+        local.bind(asyncio.get_running_loop())
         await committer.start()
         await engine.start()
         if evolver is not None:
@@ -149,9 +153,7 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.services = svc
-    metrics.registry.register(
-        ReadinessCollector(store, settings.reef, lambda: experience.artifacts_of(settings))
-    )
+    metrics.registry.register(ReadinessCollector(store, settings.reef, artifacts))
     errors.install(app)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.include_router(openai.router)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from reef.artifacts import ArtifactStore
-from reef.experience import Readiness, readiness
+from reef.readiness import Readiness, readiness
 from reef.settings import LoopSettings
 from reef.store.base import Store
 
@@ -28,7 +28,7 @@ class ReadinessCollector(Collector):
         self,
         store: Store,
         loop: LoopSettings,
-        artifacts: Callable[[], ArtifactStore],
+        artifacts: ArtifactStore,
         interval_s: float = 15.0,
     ):
         self.store = store
@@ -43,9 +43,8 @@ class ReadinessCollector(Collector):
     def refresh(self) -> None:
         """Recompute now (in the calling thread)."""
         try:
-            artifacts = self.artifacts()
             values = [
-                readiness(self.store, s.name, self.loop, artifacts=artifacts)
+                readiness(self.store, s.name, self.loop, artifacts=self.artifacts)
                 for s in self.store.list_scenarios()
             ]
         except Exception:

@@ -3,7 +3,8 @@
 Two implementations of one small Protocol: `EngineAdmin` speaks HTTP to a serving process
 (`reef serve` serves vLLM's adapter routes plus a few of its own), so a flow in a worker
 process reaches the engine of the API process; `reef serve` itself deploys in-process through
-the same Protocol (api/).
+the same Protocol (api/services.py). `EngineAdmin` is also the one client of a server's admin
+routes (the `reef releases|rollback|promote` commands): its errors are read in one place.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 import httpx
 
 from reef.errors import EngineUnavailable, ReefError
+from reef.settings import Settings
 
 
 class DeployError(ReefError):
@@ -52,12 +54,24 @@ class EngineAdmin:
     def close(self) -> None:
         self._client.close()
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def for_settings(cls, settings: Settings, url: str | None = None) -> EngineAdmin:
+        """The client of the configured serving process (`settings.engine_url`), with the
+        engine token a worker was handed (`reef.engine_token`), if any."""
+        secret = settings.reef.engine_token
+        return cls(url or settings.engine_url, secret.get_secret_value() if secret else None)
+
+    def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        """One admin call; DeployError (with the server's message) for a transport error or
+        an error status."""
         try:
-            r = self._client.post(path, json=body)
+            r = self._client.request(method, path, json=body)
         except httpx.HTTPError as e:
             raise DeployError(f"engine at {self.base_url} unreachable: {e}") from None
         return self._answer(r, path)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", path, body)
 
     def _answer(self, r: httpx.Response, path: str) -> dict[str, Any]:
         if r.status_code >= 400:
@@ -84,11 +98,7 @@ class EngineAdmin:
         self._post("/v1/unload_lora_adapter", {"lora_name": name})
 
     def variants(self) -> list[str]:
-        try:
-            r = self._client.get("/reef/engine/variants")
-        except httpx.HTTPError as e:
-            raise DeployError(f"engine at {self.base_url} unreachable: {e}") from None
-        return list(self._answer(r, "/reef/engine/variants").get("data", []))
+        return list(self.request("GET", "/reef/engine/variants").get("data", []))
 
     def refresh(self, scenario: str) -> None:
         self._post("/reef/engine/refresh", {"scenario": scenario})

@@ -11,7 +11,8 @@ from prefect.cache_policies import NO_CACHE
 from reef.artifacts import open_artifacts
 from reef.contracts import ContractViolation, ValidationReport, validate
 from reef.datasets import Snapshot, load, materialize
-from reef.experience import Experience, collect, kind_for
+from reef.experience import Experience, collect
+from reef.recipe import RECIPES, recipe_class
 from reef.store.sql import open_store
 
 
@@ -53,6 +54,25 @@ def validate_snapshot(
     """contracts.validate; a ContractViolation fails the task with its readable report."""
     table = load(open_artifacts(artifacts_url, endpoint_url=artifacts_endpoint_url), snapshot.key)
     return validate(table, snapshot.kind, max_context=max_context, max_staleness=max_staleness)
+
+
+@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def consume(
+    database_url: str,
+    experience: Experience,
+    sample_ids: set[str],
+    batch_id: str,
+) -> int:
+    """Consumption receipts for the samples a run trained on (accepted or not): late or repeated
+    feedback never trains them again for this recipe. Held-out samples stay eligible."""
+    from reef.experience import consume as write_receipts
+
+    store = open_store(database_url)
+    try:
+        samples = [s for s in experience.samples if s.sample_id in sample_ids]
+        return write_receipts(store, experience.scenario, experience.recipe, samples, batch_id)
+    finally:
+        store.close()
 
 
 @flow(name="materialize-experience")
@@ -129,4 +149,4 @@ def materialize_experience(
 
 def _recipe_for(kind: str) -> str:
     # the first built-in recipe that takes this kind: its consumption receipts count
-    return next((r for r in ("sft", "dpo", "sao", "harness") if kind_for(r) == kind), "sft")
+    return next((name for name in RECIPES if recipe_class(name).kind == kind), "sft")

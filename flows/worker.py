@@ -43,7 +43,7 @@ def prefect_server() -> str | None:
 
 
 def ready(settings: Settings, scenario: str, kind: str) -> tuple[bool, int]:
-    from reef.experience import readiness
+    from reef.readiness import readiness
     from reef.store.sql import open_store
 
     store = open_store(settings.database_url)
@@ -93,7 +93,7 @@ def run_job(
             timeout=0,
         )
         return {"status": "submitted", "flow_run_id": str(run.id)}
-    from flows.harness import instruct
+    from flows.instruct import instruct
 
     return instruct(scenario, job_id, config=config, overrides=overrides)
 

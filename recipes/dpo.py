@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from recipes.params import TRLParams
-from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
+from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -29,7 +29,7 @@ class DPOParams(TRLParams):
     max_length: int = 1024  # TRL's default
 
 
-class DPORecipe(Recipe):
+class DPORecipe(WeightsRecipe):
     name = "dpo"
     kind = "preference"
     contract = ReportContract(score=True)  # only the order of two scores matters

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from recipes.params import TRLParams
 from reef.errors import ConfigError
-from reef.recipe import Progress, Recipe, ReportContract, Scorer, Trained, TrainJob, import_object
+from reef.recipe import (
+    Progress,
+    ReportContract,
+    Scorer,
+    Trained,
+    TrainJob,
+    WeightsRecipe,
+    import_object,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -50,7 +58,7 @@ class GRPOParams(TRLParams):
             )
 
 
-class GRPORecipe(Recipe):
+class GRPORecipe(WeightsRecipe):
     name = "grpo"
     kind = "scored"
     # The rows only lend their requests; the verifier scores the answers, so any score will do.
@@ -115,7 +123,7 @@ class GRPORecipe(Recipe):
         )
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=reward,
+            reward_funcs=reward,  # type: ignore[arg-type]  # a float per completion fits
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from recipes.params import TRLParams
-from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
+from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,7 +36,7 @@ class KTOParams(TRLParams):
     max_length: int = 1024  # TRL's default
 
 
-class KTORecipe(Recipe):
+class KTORecipe(WeightsRecipe):
     name = "kto"
     kind = "scored"
     contract = ReportContract(score=True, score_range=(0.0, 1.0), feedback_keys=("correction",))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from recipes.params import TRLParams
-from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
+from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,7 +37,7 @@ class SFTParams(TRLParams):
     full_learning_rate: ClassVar[float] = 2e-5
 
 
-class SFTRecipe(Recipe):
+class SFTRecipe(WeightsRecipe):
     name = "sft"
     kind = "scored"
     contract = ReportContract(score=True, score_range=(0.0, 1.0), feedback_keys=("correction",))

@@ -23,7 +23,9 @@ def _text_of(blocks: str | list[dict[str, Any]] | None) -> str:
     return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
 
 
-def _user_parts(content: str | list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict]]:
+def _user_parts(
+    content: str | list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split a user turn into OpenAI messages: tool results become `tool` messages first."""
     if isinstance(content, str):
         return [], [{"role": "user", "content": content}]

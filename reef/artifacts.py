@@ -9,9 +9,12 @@ import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reef.errors import ConfigError, NotFound, StoreError
+
+if TYPE_CHECKING:
+    from reef.settings import Settings
 
 MANIFEST = ".manifest.json"
 
@@ -248,3 +251,12 @@ def open_artifacts(
     if "://" in text and not text.startswith("file://"):
         raise ConfigError(f"artifact url '{text}': use a directory path or s3://bucket/prefix")
     return LocalArtifacts(text.removeprefix("file://"))
+
+
+def artifacts_for(settings: Settings) -> ArtifactStore:
+    """The configured artifact store (`artifacts.url`, its S3 endpoint and region)."""
+    return open_artifacts(
+        settings.artifacts_url,
+        endpoint_url=settings.artifacts.s3_endpoint_url,
+        region=settings.artifacts.s3_region,
+    )

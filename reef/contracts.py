@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from reef.datasets import SCHEMAS
 from reef.errors import ReefError
-from reef.experience import check_kind
+from reef.samples import check_kind
 
 DEFAULT_SCORE_RANGE = (-1e6, 1e6)
 _SCORE_COLUMNS = {

@@ -49,134 +49,25 @@ import orjson
 from reef.anthropic import to_openai
 from reef.errors import BadRequest
 from reef.records import Consumption, Record, Report, content_hash, utcnow
+from reef.samples import (
+    Kind,
+    PreferenceSample,
+    RolloutSample,
+    Sample,
+    ScoredSample,
+    TrajectorySample,
+    Turn,
+    check_kind,
+)
 from reef.store.base import Store
 
 if TYPE_CHECKING:
-    from reef.artifacts import ArtifactStore
-    from reef.settings import LoopSettings
+    pass
 
-Kind = Literal["scored", "preference", "rollout", "trajectory"]
-KINDS: tuple[Kind, ...] = ("scored", "preference", "rollout", "trajectory")
 Rule = Literal["latest", "first", "mean"]
 T = TypeVar("T", Record, Report)
 
-# Which experience each built-in recipe takes; a dotted-path recipe names its kind itself.
-RECIPE_KINDS: dict[str, Kind] = {
-    "sft": "scored",
-    "kto": "scored",
-    "dpo": "preference",
-    "sao": "rollout",
-    "grpo": "scored",
-    "harness": "trajectory",
-}
-
 PAGE_SIZE = 1000
-
-
-def kind_for(recipe: str) -> Kind:
-    """The experience kind a recipe takes ("scored" for a dotted path that says nothing)."""
-    return RECIPE_KINDS.get(recipe, "scored")
-
-
-def check_kind(kind: str) -> Kind:
-    if kind not in KINDS:
-        raise BadRequest(f"unknown experience kind '{kind}': use one of {', '.join(KINDS)}")
-    return kind
-
-
-# samples ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Turn:
-    """One exchange of a trajectory, with the tokens the engine saw and produced."""
-
-    record_id: str
-    turn: int | None
-    release_id: str
-    messages: tuple[dict[str, Any], ...]
-    completion: str
-    prompt_token_ids: tuple[int, ...] | None
-    completion_token_ids: tuple[int, ...] | None
-    logprobs: tuple[float, ...] | None
-
-
-@dataclass(frozen=True)
-class ScoredSample:
-    """A prompt, the answer given, and the score a report gave it (SFT, KTO)."""
-
-    sample_id: str
-    record_ids: tuple[str, ...]
-    release_id: str
-    staleness: int
-    messages: tuple[dict[str, Any], ...]
-    completion: str
-    score: float
-    report_id: str
-    report_ids: tuple[str, ...]
-    n_tokens: int | None
-    # The counting report's feedback as canonical JSON text (a structured object may carry a
-    # corrected answer under "correction", which SFT trains on instead of the completion).
-    feedback: str | None = None
-
-
-@dataclass(frozen=True)
-class PreferenceSample:
-    """Two answers to the same prompt with different scores (DPO)."""
-
-    sample_id: str
-    record_ids: tuple[str, ...]  # (chosen, rejected)
-    release_id: str  # the chosen answer's
-    staleness: int  # the older of the two
-    messages: tuple[dict[str, Any], ...]
-    chosen: str
-    rejected: str
-    chosen_score: float
-    rejected_score: float
-    report_ids: tuple[str, ...]
-    n_tokens: int | None
-
-
-@dataclass(frozen=True)
-class RolloutSample:
-    """A scored rollout with the exact tokens and the sampling log-probs (GRPO, PPO).
-
-    A multi-turn rollout is flattened: `prompt_token_ids` is the first turn's prompt, the
-    completion is everything after it; `completion_mask` is 1 on tokens the model generated and
-    0 on tokens the environment inserted (later user/tool turns), whose log-probs read 0.0.
-    """
-
-    sample_id: str
-    record_ids: tuple[str, ...]
-    release_id: str
-    staleness: int
-    messages: tuple[dict[str, Any], ...]
-    completion: str
-    score: float
-    report_id: str
-    report_ids: tuple[str, ...]
-    prompt_token_ids: tuple[int, ...]
-    completion_token_ids: tuple[int, ...]
-    completion_mask: tuple[int, ...]
-    logprobs: tuple[float, ...] | None
-    n_tokens: int
-
-
-@dataclass(frozen=True)
-class TrajectorySample:
-    """A session's turns, each with its messages, tokens and release, and the report's score."""
-
-    sample_id: str
-    record_ids: tuple[str, ...]
-    release_id: str  # the last turn's
-    staleness: int  # of the oldest turn
-    session_id: str | None
-    turns: tuple[Turn, ...]
-    score: float
-    report_id: str
-    report_ids: tuple[str, ...]
-    n_tokens: int | None
-
-
-Sample = ScoredSample | PreferenceSample | RolloutSample | TrajectorySample
 
 
 @dataclass(frozen=True)
@@ -196,20 +87,6 @@ class Experience:
     @property
     def record_ids(self) -> list[str]:
         return sorted({rid for s in self.samples for rid in s.record_ids})
-
-
-@dataclass(frozen=True)
-class Readiness:
-    """Whether a scenario has a batch waiting for its recipe (computed, never stored)."""
-
-    scenario: str
-    kind: Kind
-    eligible: int
-    batch_size: int
-    ready: bool
-    dropped: Counter[str]
-    awaiting_feedback: int
-    last_materialization: dict[str, Any] | None
 
 
 # reading the store ----------------------------------------------------------------------
@@ -543,7 +420,7 @@ def _pairs(
     return out
 
 
-# consumption and readiness ---------------------------------------------------------------------
+# consumption ---------------------------------------------------------------------
 def consume(
     store: Store, scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
 ) -> int:
@@ -553,40 +430,6 @@ def consume(
     ids = sorted({rid for s in samples for rid in s.record_ids})
     store.add_consumptions([Consumption(scenario, recipe, rid, batch_id, now) for rid in ids])
     return len(ids)
-
-
-def readiness(
-    store: Store,
-    scenario: str,
-    loop_settings: LoopSettings,
-    recipe_kind: str | None = None,
-    *,
-    artifacts: ArtifactStore | None = None,
-) -> Readiness:
-    """How many samples wait for the loop's recipe vs its batch size. No side effects."""
-    kind = check_kind(recipe_kind or kind_for(loop_settings.recipe))
-    exp = collect(
-        store,
-        scenario,
-        kind,
-        recipe=loop_settings.recipe,
-        max_staleness=loop_settings.max_staleness,
-    )
-    last = None
-    if artifacts is not None:
-        from reef.datasets import last_materialization
-
-        last = last_materialization(artifacts, scenario)
-    return Readiness(
-        scenario=scenario,
-        kind=kind,
-        eligible=len(exp.samples),
-        batch_size=loop_settings.batch_size,
-        ready=len(exp.samples) >= loop_settings.batch_size,
-        dropped=exp.dropped,
-        awaiting_feedback=exp.awaiting_feedback,
-        last_materialization=last,
-    )
 
 
 def dumps(obj: Any) -> str:

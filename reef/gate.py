@@ -19,9 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from reef.settings import Settings
 
 Policy = Literal["always", "improve", "manual"]
 Status = Literal["accepted", "rejected", "pending"]
@@ -35,6 +38,19 @@ class GatePolicy:
     test: Literal["bootstrap", "sign"] = "bootstrap"
     bootstrap_samples: int = 2000
     seed: int = 0
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> GatePolicy:
+        """The configured gate (`gate:`), seeded by `reef.seed`."""
+        g = settings.gate
+        return cls(
+            policy=g.policy,
+            margin=g.margin,
+            confidence=g.confidence,
+            test=g.test,
+            bootstrap_samples=g.bootstrap_samples,
+            seed=settings.reef.seed,
+        )
 
 
 @dataclass(frozen=True)

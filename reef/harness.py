@@ -32,10 +32,10 @@ import yaml
 
 from reef.artifacts import MANIFEST, ArtifactStore
 from reef.errors import BadRequest
-from reef.records import Candidate, Release
+from reef.records import Release
 
 if TYPE_CHECKING:
-    from reef.settings import Settings
+    pass
 
 MAX_FILE_BYTES = 64 * 1024
 MAX_TOTAL_BYTES = 1024 * 1024
@@ -361,146 +361,13 @@ def _read_into(root: Path, folder: Path, files: dict[str, str]) -> None:
 # A release carries a harness in `metadata["harness"]` ({"key", "uri", "content_hash"}: the
 # artifact tree of its files), beside the weights it names in `kind`/`uri`. A harness release
 # keeps its parent's weights; a weights release made on top of a harness keeps the harness.
+# deploy/candidates.py shapes and registers them.
 
 
 def harness_of(release: Release) -> dict[str, Any] | None:
     """The harness reference a release carries, if any."""
     ref = release.metadata.get("harness")
     return ref if isinstance(ref, dict) and ref.get("key") else None
-
-
-def store_harness(artifacts: ArtifactStore, scenario: str, harness: Harness) -> dict[str, Any]:
-    """Put a validated harness's files in the artifact store (content-addressed: the same files
-    are one tree); returns the reference a release carries."""
-    import tempfile
-
-    harness.validate()
-    digest = harness.content_hash()
-    key = f"harness/{scenario}/{digest.removeprefix('sha256:')}"
-    with tempfile.TemporaryDirectory(prefix="reef-harness-") as tmp:
-        harness.write(Path(tmp))
-        uri = artifacts.put_tree(key, Path(tmp))
-    return {"key": key, "uri": uri, "content_hash": digest, "files": len(harness.files)}
-
-
-def harness_release(parent: Release, ref: dict[str, Any], **fields: Any) -> Release:
-    """A release that changes the harness only: the parent's weights, `ref`'s harness. `fields`
-    override the rest (id, operation, content_hash, gate, ...)."""
-    from dataclasses import replace
-
-    from reef.records import new_id, utcnow
-
-    values: dict[str, Any] = {
-        "id": new_id("rel"),
-        "operation": "harness",
-        "content_hash": ref.get("content_hash"),
-        "recipe": None,
-        "dataset_id": None,
-        "metrics": {},
-        "gate": {},
-        **fields,
-    }
-    # the MLflow version of the weights it serves: the parent's own, unless the parent itself
-    # only changed the harness (then the one it names)
-    if "weights_release_id" in parent.metadata:
-        weights_model_uri = parent.metadata.get("weights_model_uri")
-    else:
-        weights_model_uri = parent.model_uri
-    return replace(
-        parent,
-        seq=0,
-        parent_id=parent.id,
-        created_at=utcnow(),
-        metadata={
-            **parent.metadata,
-            "harness": ref,
-            "weights_release_id": parent.weights_id,
-            "weights_model_uri": weights_model_uri,
-        },
-        **values,
-    )
-
-
-def register_harness(
-    settings: Settings,
-    release: Release,
-    harness: Harness,
-    *,
-    recipe: str,
-    gate: str,
-    dataset_id: str | None = None,
-    metrics: Mapping[str, float] | None = None,
-    run_id: str | None = None,
-) -> str:
-    """A model version of the scenario's registered model for `release`'s harness (a release
-    or candidate shaped by `harness_release`): its files as the version's artifacts, the same
-    tags as weights, and which weights it is served with."""
-    import tempfile
-
-    from reef import registry
-
-    ref = harness_of(release)
-    assert ref is not None, f"release {release.id} carries no harness"
-    with tempfile.TemporaryDirectory(prefix="reef-harness-") as tmp:
-        harness.write(Path(tmp))
-        return registry.register_candidate(
-            settings.tracking_uri,
-            release.scenario,
-            release.id,
-            Path(tmp),
-            kind="harness",
-            parent_id=release.parent_id,
-            content_hash=str(ref["content_hash"]),
-            recipe=recipe,
-            dataset_id=dataset_id,
-            metrics=metrics or {},
-            gate=gate,
-            run_id=run_id,
-            extra={
-                "weights_release_id": release.weights_id,
-                "weights_model_uri": release.metadata.get("weights_model_uri"),
-            },
-            artifact_location=settings.mlflow_artifact_location,
-            s3_endpoint_url=settings.artifacts.s3_endpoint_url,
-        )
-
-
-def harness_candidate(
-    head: Release,
-    ref: Mapping[str, Any],
-    release_id: str,
-    *,
-    status: str,
-    recipe: str,
-    gate: dict[str, Any],
-    model_uri: str | None,
-    dataset_id: str | None = None,
-    metrics: Mapping[str, float] | None = None,
-    message: str | None = None,
-) -> Candidate:
-    """A candidate that changes only the harness: published, it keeps `head`'s weights."""
-    from reef.records import utcnow
-
-    now = utcnow()
-    return Candidate(
-        id=release_id,
-        scenario=head.scenario,
-        parent_id=head.id,
-        kind=head.kind,
-        created_at=now,
-        status=status,
-        uri=head.uri,
-        content_hash=str(ref["content_hash"]),
-        recipe=recipe,
-        dataset_id=dataset_id,
-        metrics=dict(metrics or {}),
-        gate=gate,
-        model_uri=model_uri,
-        updated_at=now,
-        message=message,
-        operation="harness",
-        metadata=harness_release(head, dict(ref)).metadata,
-    )
 
 
 class HarnessCache:

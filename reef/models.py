@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from reef.errors import ConfigError
 
@@ -176,7 +177,7 @@ def _build_tiny(out: Path) -> None:
     _save_tokenizer(tokenizer, out, max_length=config.max_position_embeddings)
 
 
-def _tiny_tokenizer():  # -> PreTrainedTokenizerFast
+def _tiny_tokenizer() -> Any:  # a PreTrainedTokenizerFast
     """Byte-level BPE trained on the fixed corpus: the same merges on every machine."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -205,7 +206,7 @@ def _tiny_tokenizer():  # -> PreTrainedTokenizerFast
     )
 
 
-def _save_tokenizer(tokenizer, out: Path, *, max_length: int) -> None:
+def _save_tokenizer(tokenizer: Any, out: Path, *, max_length: int) -> None:
     """Save, then name the class every transformers version (and vLLM) knows."""
     tokenizer.save_pretrained(out)
     config_path = out / "tokenizer_config.json"

@@ -24,8 +24,8 @@ from reef.errors import ConfigError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from reef.experience import Kind
     from reef.records import Report
+    from reef.samples import Kind
 
 # Short names of the built-in recipes: one literal dict, no registry magic.
 RECIPES: dict[str, str] = {
@@ -99,17 +99,19 @@ class Trained:
     trained_sample_ids: tuple[str, ...] = ()
 
 
-class Recipe(ABC):
-    """A learning method. Subclasses set the class attributes and implement `train`.
+class Recipe:
+    """A learning method: what it learns from and what its candidates change.
 
-    `Params` is a frozen dataclass of hyper-parameters, defaults from the method's paper;
-    `reef.params` in the YAML overrides fields by name (`from_config`).
+    Subclasses set the class attributes; a weights recipe subclasses `WeightsRecipe` and
+    implements `train`, a harness recipe (recipes.harness) sets `target = "harness"` and
+    searches instead. `Params` is a frozen dataclass of hyper-parameters, defaults from the
+    method's paper; `reef.params` in the YAML overrides fields by name (`from_config`).
     """
 
     name: ClassVar[str]
-    kind: ClassVar[Kind]
-    # What a candidate changes: the weights (train) or the harness (recipes.harness: search).
-    target: ClassVar[Literal["weights", "harness"]] = "weights"
+    kind: ClassVar[Kind]  # the experience it takes (reef.samples)
+    # What a candidate changes: the weights (WeightsRecipe.train) or the harness.
+    target: ClassVar[Literal["weights", "harness"]]
     contract: ClassVar[ReportContract] = ReportContract()
     Params: ClassVar[type[Any]]
 
@@ -119,11 +121,6 @@ class Recipe(ABC):
     @classmethod
     def from_config(cls, overrides: Mapping[str, Any] | None = None) -> Recipe:
         return cls(params_from(cls.Params, overrides or {}, where=f"recipe {cls.name}"))
-
-    @abstractmethod
-    def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
-        """Train a candidate on `job.dataset`, continuing from the parent; write it to
-        `job.out_dir`. Runs in a worker process, never in the API process."""
 
     def scorer(self) -> Scorer | None:
         """The function that scores a generated answer on this recipe's task (a verifier), or
@@ -137,6 +134,17 @@ class Recipe(ABC):
             "contract": self.contract.describe(),
             "params": dataclasses.asdict(self.params),
         }
+
+
+class WeightsRecipe(Recipe, ABC):
+    """A recipe whose candidates are new weights (an adapter or a checkpoint)."""
+
+    target: ClassVar[Literal["weights", "harness"]] = "weights"
+
+    @abstractmethod
+    def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
+        """Train a candidate on `job.dataset`, continuing from the parent; write it to
+        `job.out_dir`. Runs in a worker process, never in the API process."""
 
 
 def import_object(path: str, what: str) -> Any:
@@ -159,6 +167,8 @@ def recipe_class(name: str) -> type[Recipe]:
     cls = import_object(RECIPES.get(name, name), "recipe")
     if not (isinstance(cls, type) and issubclass(cls, Recipe)):
         raise ConfigError(f"recipe '{name}' is not a reef.recipe.Recipe subclass")
+    if getattr(cls, "target", None) not in ("weights", "harness"):
+        raise ConfigError(f"recipe '{name}' sets no target: subclass reef.recipe.WeightsRecipe")
     return cls
 
 

@@ -19,8 +19,6 @@ from pydantic_settings import (
 from reef.errors import ConfigError
 from reef.recipe import RECIPES
 
-# Recipes by short name (reef.recipe.RECIPES); anything else must be a dotted path.
-RECIPE_NAMES = frozenset(RECIPES)
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
@@ -185,8 +183,8 @@ class LoopSettings(_Section):
     @field_validator("recipe")
     @classmethod
     def _recipe(cls, v: str) -> str:
-        if v not in RECIPE_NAMES and not _DOTTED.match(v):
-            names = ", ".join(sorted(RECIPE_NAMES))
+        if v not in RECIPES and not _DOTTED.match(v):
+            names = ", ".join(sorted(RECIPES))
             raise ValueError(f"recipe must be one of {names} or a dotted path pkg.module:Class")
         return v
 
@@ -295,9 +293,9 @@ def _describe(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+def load_settings(config: Path | str | None = None, **overrides: Any) -> Settings:
     """Build the settings once at start. `overrides` are CLI flags as nested dicts."""
-    file_data = _read_yaml(config) if config else {}
+    file_data = _read_yaml(Path(config)) if config else {}
 
     class _Layered(Settings):
         @classmethod

@@ -1,5 +1,12 @@
-"""Imports flow one way: reef/ imports none of api/, flows/, recipes/, deploy/; api/ never
-imports torch at module load."""
+"""Imports flow one way, as the layer table of the design guide draws them:
+
+    cli → api → deploy → reef        flows → deploy, recipes → reef
+
+Every import counts, at module level, inside functions and under TYPE_CHECKING. The checks
+fail on an import that climbs a layer, on any import cycle between modules, and on an import of
+another module's private (underscore) name. Each check is also run on a small tree made here,
+to show that it fails when it should.
+"""
 
 from __future__ import annotations
 
@@ -8,33 +15,198 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-UPPER = {"api", "flows", "recipes", "deploy"}
+
+# What each layer may import besides itself (DESIGN.md, "Layers").
+ALLOWED: dict[str, set[str]] = {
+    "cli": {"api", "flows", "recipes", "deploy", "reef"},
+    "api": {"deploy", "reef"},
+    "flows": {"deploy", "recipes", "reef"},
+    "recipes": {"reef"},
+    "deploy": {"reef"},
+    "reef": set(),
+}
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names: set[str] = set()
-    for node in ast.walk(tree):
+def modules(root: Path) -> dict[str, Path]:
+    """Every module of the layer packages under `root`, by dotted name."""
+    out: dict[str, Path] = {}
+    for package in ALLOWED:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, str]]:
+    """(module, imported name) for every import in the file, resolved to the deepest known
+    module; relative imports included."""
+    out: list[tuple[str, str]] = []
+
+    def resolve(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            for alias in node.names:
+                target = resolve(alias.name)
+                if target:
+                    out.append((target, ""))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, base] if base else package)
+            for alias in node.names:
+                target = resolve(f"{base}.{alias.name}")
+                if target:
+                    # `from pkg import module` names a module; anything else names an attribute
+                    attr = "" if target == f"{base}.{alias.name}" else alias.name
+                    out.append((target, attr))
+    return out
 
 
-def test_reef_does_not_import_upper_layers() -> None:
-    crossings = {
-        str(p.relative_to(ROOT)): sorted(_imports(p) & UPPER) for p in (ROOT / "reef").rglob("*.py")
-    }
-    assert {k: v for k, v in crossings.items() if v} == {}
+def graph(root: Path) -> dict[str, list[tuple[str, str]]]:
+    known = modules(root)
+    return {name: imports(name, path, known) for name, path in known.items()}
 
 
-def test_importing_the_api_does_not_load_torch() -> None:
-    code = (
-        "import sys, api.app, api.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
+def upward(g: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """Imports that break the layer table."""
+    bad = []
+    for module, deps in g.items():
+        layer = module.split(".")[0]
+        for target, _ in deps:
+            other = target.split(".")[0]
+            if other != layer and other not in ALLOWED[layer]:
+                bad.append(f"{module} imports {target}")
+    return sorted(set(bad))
+
+
+def private(g: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """Imports of another module's private names."""
+    return sorted(
+        {
+            f"{module} imports {target}.{attr}"
+            for module, deps in g.items()
+            for target, attr in deps
+            if attr.startswith("_") and target != module
+        }
     )
+
+
+def cycles(g: dict[str, list[tuple[str, str]]]) -> list[list[str]]:
+    """The import cycles: strongly connected components of more than one module (Tarjan)."""
+    edges = {m: sorted({t for t, _ in deps if t != m and t in g}) for m, deps in g.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+# the project ----------------------------------------------------------------------------------
+def test_no_import_climbs_a_layer() -> None:
+    assert upward(graph(ROOT)) == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(graph(ROOT)) == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    assert private(graph(ROOT)) == []
+
+
+def test_importing_the_api_and_the_cli_does_not_load_torch() -> None:
+    code = "import sys, api.app, cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+# the checks themselves, on trees made here ----------------------------------------------------
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for package in ALLOWED:
+        (root / package).mkdir(parents=True, exist_ok=True)
+        (root / package / "__init__.py").write_text("")
+    for rel, text in files.items():
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "from api.services import Services\n",  # at module level
+        "def f():\n    import flows.evolve\n",  # inside a function
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from deploy import chain\n",
+    ],
+)
+def test_an_upward_import_fails(tmp_path: Path, text: str) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "reef/store.py": text,
+            "api/services.py": "",
+            "flows/evolve.py": "",
+            "deploy/chain.py": "",
+        },
+    )
+    assert upward(graph(root)) != []
+    assert upward(graph(_tree(tmp_path / "ok", {"api/services.py": "import reef.store\n"}))) == []
+
+
+def test_an_import_cycle_fails(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "reef/a.py": "from reef.b import x\n",
+            "reef/b.py": "def f():\n    from reef import c\n",
+            "reef/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n",
+            "reef/d.py": "import reef.a\n",
+        },
+    )
+    assert cycles(graph(root)) == [["reef.a", "reef.b", "reef.c"]]
+
+
+def test_a_private_import_fails(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {"flows/a.py": "_x = 1\n", "flows/b.py": "from flows.a import _x\n", "flows/c.py": ""},
+    )
+    assert private(graph(root)) == ["flows.b imports flows.a._x"]

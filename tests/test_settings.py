@@ -98,7 +98,7 @@ def test_upstream_needs_url() -> None:
 
 
 def test_cli_reports_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from api.cli import main
+    from cli.main import main
 
     assert main(["serve", "-c", str(_yaml(tmp_path, "reef:\n  bogus: 1\n"))]) == 2
     assert "unknown key 'reef.bogus'" in capsys.readouterr().err

@@ -9,9 +9,8 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from api.services import caller
-from reef.artifacts import ArtifactStore, open_artifacts
-from reef.experience import KINDS, readiness
-from reef.settings import Settings
+from reef.readiness import readiness
+from reef.samples import KINDS
 
 router = APIRouter(prefix="/reef", tags=["reef"])
 
@@ -31,22 +30,6 @@ class StatusOut(BaseModel):
     )
 
 
-def artifacts_of(settings: Settings) -> ArtifactStore:
-    return open_artifacts(
-        settings.artifacts_url,
-        endpoint_url=settings.artifacts.s3_endpoint_url,
-        region=settings.artifacts.s3_region,
-    )
-
-
-def _artifacts(request: Request) -> ArtifactStore:
-    state = request.app.state
-    if getattr(state, "artifacts", None) is None:
-        state.artifacts = artifacts_of(state.services.settings)
-    store: ArtifactStore = state.artifacts
-    return store
-
-
 @router.get(
     "/scenarios/{scenario}/status",
     response_model=StatusOut,
@@ -59,9 +42,7 @@ async def scenario_status(
 ) -> StatusOut:
     svc, _, name = caller(request, scenario)
     loop = svc.settings.reef
-    r = await asyncio.to_thread(
-        readiness, svc.store, name, loop, kind, artifacts=_artifacts(request)
-    )
+    r = await asyncio.to_thread(readiness, svc.store, name, loop, kind, artifacts=svc.artifacts)
     return StatusOut(
         scenario=name,
         recipe=loop.recipe,

@@ -18,21 +18,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from api.answers import schema_ref
+from api.answers import candidate_out, release_out, schema_ref
 from api.bodies import read_json, validate
-from api.routes.experience import artifacts_of
-from api.routes.releases import candidate_out, deploy_here
 from api.services import Services, caller
-from reef.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
-from reef.harness import (
-    Harness,
-    HarnessCache,
-    adds_executable,
-    harness_candidate,
-    harness_release,
-    register_harness,
-    store_harness,
-)
+from reef.errors import BadRequest, NotFound, ServiceUnavailable
+from reef.harness import Harness
 from reef.records import Candidate, Job, Release, new_id, utcnow
 from reef.wire import HarnessIn, JobOut, ReleaseOut, TrainIn
 
@@ -56,7 +46,7 @@ async def get_harness(
 ) -> dict[str, Any]:
     svc, _, name = caller(request, scenario)
     release, candidate = await _release(svc, name, release_id)
-    harness = await asyncio.to_thread(_cache(svc).get, release)
+    harness = await asyncio.to_thread(svc.chain.harnesses.get, release)
     head = await asyncio.to_thread(svc.store.get_scenario, name)
     out: dict[str, Any] = {
         "object": "harness",
@@ -146,38 +136,16 @@ async def publish_harness(request: Request, scenario: str) -> Any:
     body = validate(HarnessIn, await read_json(request, svc.settings.server.max_body_bytes))
     if (body.files is None) == (body.edits is None):
         raise BadRequest("give either 'files' (the whole harness) or 'edits'", param="files")
-    await asyncio.to_thread(svc.store.ensure_scenario, name)  # as a first call would
-    head = await asyncio.to_thread(svc.store.head_release, name)
-    current = await asyncio.to_thread(_cache(svc).get, head)
-    current = current or Harness.empty()
     if body.files is not None:
         new = Harness(body.files).validate()
     else:
-        new = current.apply(body.edits or [])
-    if new.content_hash() == current.content_hash():
-        raise Conflict("the head already serves this harness", code="harness_unchanged")
-    ref = await asyncio.to_thread(store_harness, artifacts_of(svc.settings), name, new)
-    release = harness_release(head, ref, content_hash=ref["content_hash"])
-    added = adds_executable(current, new)
-    gate = "pending" if added else "harness"
-    model_uri = await asyncio.to_thread(
-        register_harness, svc.settings, release, new, recipe="admin", gate=gate
-    )
-    if added:  # never served before someone has read it
-        reason = f"adds executable content ({', '.join(added)}): held for review"
-        candidate = harness_candidate(
-            head,
-            ref,
-            release.id,
-            status="pending",
-            recipe="admin",
-            gate={"status": "pending", "policy": "review", "reason": reason},
-            model_uri=model_uri,
-            message=reason,
-        )
-        stored = await asyncio.to_thread(svc.store.add_candidate, candidate)
-        return JSONResponse(candidate_out(stored).model_dump(mode="json"), status_code=202)
-    return await deploy_here(svc, dataclasses.replace(release, model_uri=model_uri))
+        await asyncio.to_thread(svc.store.ensure_scenario, name)
+        head = await asyncio.to_thread(svc.store.head_release, name)
+        new = (await asyncio.to_thread(svc.chain.harness, head)).apply(body.edits or [])
+    made = await asyncio.to_thread(svc.chain.release_harness, name, new)
+    if isinstance(made, Candidate):  # held for review: never served before someone read it
+        return JSONResponse(candidate_out(made).model_dump(mode="json"), status_code=202)
+    return release_out(made, made.id)
 
 
 @router.post(
@@ -258,9 +226,3 @@ async def _release(
                 param="release_id",
             ) from None
     return cand.release(), cand
-
-
-def _cache(svc: Services) -> HarnessCache:
-    cache = svc.serving.harnesses
-    assert cache is not None  # create_app always gives Serving one
-    return cache

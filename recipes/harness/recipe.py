@@ -33,7 +33,7 @@ from recipes.harness.propose import (
 )
 from reef.errors import ReefError
 from reef.harness import Harness
-from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
+from reef.recipe import Recipe, ReportContract
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +164,6 @@ class HarnessRecipe(Recipe):
     target: ClassVar[Literal["weights", "harness"]] = "harness"
     contract = ReportContract(score=True)
     Params = HarnessParams
-
-    def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
-        raise ReefError(
-            "the harness recipe evolves a harness, not weights: the evolve flow calls search()",
-            code="not_trainable",
-        )
 
     def task_scorer(self) -> Scorer:
         from recipes.harness.episodes import correction_scorer

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reef.recipe import Progress, Recipe, ReportContract, Trained, TrainJob
+from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
 
 if TYPE_CHECKING:
     from recipes.sao.learner import Schedule
@@ -108,7 +108,7 @@ class SAOParams:
         )
 
 
-class SAORecipe(Recipe):
+class SAORecipe(WeightsRecipe):
     name = "sao"
     kind = "rollout"
     # One finite score per rollout, quoting that rollout's one receipt: a report on several

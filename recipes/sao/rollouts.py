@@ -15,17 +15,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# Why a row did not train; each dropped row counts under exactly one (the first that applies).
-DROP_REASONS = (
-    "no_logprobs",  # the engine recorded no log-probs: no behaviour policy to compare against
-    "negative_staleness",  # produced by a release newer than the head: not admissible (§0.2)
-    "bad_score",  # the score is not a finite number
-    "empty_prompt",  # nothing to condition the first response token on
-    "length_mismatch",  # mask or log-probs do not have one entry per completion token
-    "bad_logprobs",  # a recorded log-prob on an action token is not finite or is > 0
-    "no_action_tokens",  # no generated token to train
-)
-
 COLUMNS = (
     "sample_id",
     "staleness",
@@ -77,20 +66,22 @@ def rollouts_from(table: pa.Table) -> tuple[list[Rollout], Counter[str]]:
 
 
 def _violation(row: dict[str, Any]) -> str | None:
+    """Why `row` cannot train, or None; a dropped row counts under exactly one reason (the
+    first that applies)."""
     if row["logprobs"] is None:
-        return "no_logprobs"
+        return "no_logprobs"  # the engine recorded none: no behaviour policy to compare against
     if row["staleness"] < 0:
-        return "negative_staleness"
+        return "negative_staleness"  # made by a release newer than the head: not admissible (§0.2)
     if row["score"] is None or not math.isfinite(row["score"]):
-        return "bad_score"
+        return "bad_score"  # the score is not a finite number
     if not row["prompt_token_ids"]:
-        return "empty_prompt"
+        return "empty_prompt"  # nothing to condition the first response token on
     n = len(row["completion_token_ids"])
     if len(row["completion_mask"]) != n or len(row["logprobs"]) != n:
-        return "length_mismatch"
+        return "length_mismatch"  # mask or log-probs do not have one entry per completion token
     acting = [lp for lp, m in zip(row["logprobs"], row["completion_mask"], strict=True) if m]
     if any(lp is None or not math.isfinite(lp) or lp > 0.0 for lp in acting):
-        return "bad_logprobs"
+        return "bad_logprobs"  # a recorded log-prob on an action token is not finite or is > 0
     if not acting:
-        return "no_action_tokens"
+        return "no_action_tokens"  # no generated token to train
     return None

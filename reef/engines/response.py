@@ -90,7 +90,9 @@ class ResponseBuilder:
         chunk["usage"] = self.usage()
         return chunk
 
-    def _chunk(self, delta: dict[str, Any] | None, finish_reason: str | None = None):
+    def _chunk(
+        self, delta: dict[str, Any] | None, finish_reason: str | None = None
+    ) -> dict[str, Any]:
         chunk: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",

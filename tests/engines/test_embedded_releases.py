@@ -385,7 +385,7 @@ def test_a_cancelled_load_leaves_nothing_behind(tiny_dir: Path, releases: Releas
             busy = asyncio.create_task(engine.complete(greedy("tiny", "hi", 2)))
             await asyncio.to_thread(inside.wait, 10)
             load = asyncio.create_task(engine.load_adapter("a1", releases.dirs["a1"]))
-            while engine._queue.empty():  # the adapter was read; attaching is queued
+            while engine._scheduler._queue.empty():  # the adapter was read; attaching is queued
                 await asyncio.sleep(0.005)
             load.cancel()
             held.set()

@@ -7,16 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from reef.experience import (
-    PreferenceSample,
-    RolloutSample,
-    ScoredSample,
-    TrajectorySample,
-    collect,
-    consume,
-    readiness,
-)
+from reef.experience import collect, consume
+from reef.readiness import readiness
 from reef.records import utcnow
+from reef.samples import PreferenceSample, RolloutSample, ScoredSample, TrajectorySample
 from reef.settings import LoopSettings
 from reef.store.sql import SQLStore
 from tests.experience.conftest import append_release, record, report, session

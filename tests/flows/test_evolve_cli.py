@@ -10,7 +10,7 @@ import openai
 import pytest
 import yaml
 
-from api.cli import main
+from cli.main import main
 from tests.reefserver import ReefServer
 
 

@@ -283,7 +283,7 @@ def _job(srv: ReefServer, scenario: str, text: str) -> str:
 def test_an_instruction_becomes_a_candidate_held_for_review(
     server: ReefServer, prefect_server: None, mode: str
 ) -> None:
-    from flows.harness import instruct
+    from flows.instruct import instruct
     from reef import registry
 
     scenario = f"ask-{mode}"

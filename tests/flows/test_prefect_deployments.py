@@ -181,7 +181,7 @@ def test_deploy_all_creates_the_deployments(deployed: str, api: str) -> None:
     assert deps["materialize-experience/materialize-experience"].entrypoint == (
         "flows/experience.py:materialize_experience"
     )
-    assert deps["instruct/instruct"].entrypoint == "flows/harness.py:instruct"
+    assert deps["instruct/instruct"].entrypoint == "flows/instruct.py:instruct"
 
 
 def test_run_once_submits_and_a_pool_worker_runs_it(

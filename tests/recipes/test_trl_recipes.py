@@ -16,9 +16,8 @@ import pytest
 
 from reef.datasets import SCHEMAS
 from reef.errors import ConfigError, ReefError
-from reef.experience import RECIPE_KINDS
 from reef.models import resolve_model
-from reef.recipe import Recipe, Trained, TrainJob, load_recipe
+from reef.recipe import Trained, TrainJob, WeightsRecipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,7 +118,7 @@ class Calls:
 
 
 def train(
-    recipe: Recipe, tiny: Path, table: pa.Table, out: Path, **job: Any
+    recipe: WeightsRecipe, tiny: Path, table: pa.Table, out: Path, **job: Any
 ) -> tuple[Trained, Calls]:
     calls = Calls()
     trained = recipe.train(TrainJob("s", tiny, table, out, **job), calls)
@@ -181,7 +180,7 @@ def assert_checkpoint(out: Path) -> None:
     assert not (out / "adapter_config.json").exists()
 
 
-def fast(name: str, **overrides: Any) -> Recipe:
+def fast(name: str, **overrides: Any) -> WeightsRecipe:
     """A recipe with the YAML-style overrides tests use to stay small."""
     return load_recipe(name, overrides)
 
@@ -418,11 +417,14 @@ def test_grpo_default_verifier() -> None:
 
 
 # params and wiring ----------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["sft", "kto", "dpo", "grpo"])
-def test_recipes_are_wired_by_short_name(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("sft", "scored"), ("kto", "scored"), ("dpo", "preference"), ("grpo", "scored")],
+)
+def test_recipes_are_wired_by_short_name(name: str, kind: str) -> None:
     recipe = load_recipe(name)
     assert recipe.name == name
-    assert recipe.kind == RECIPE_KINDS[name]
+    assert recipe.kind == kind
     assert recipe.params.full is False and recipe.params.lora_r == 16
     described = recipe.describe()
     assert described["params"]["lora_alpha"] == 32

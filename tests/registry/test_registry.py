@@ -211,6 +211,38 @@ def test_base_release_has_a_model_uri_that_loads_the_base(
     assert model.predict(PROMPTS, params={"max_new_tokens": MAX_NEW}) == base_answers
 
 
+# MLflow 3.17 warns about its own type hints while `mlflow.pyfunc` is first imported
+@pytest.mark.filterwarnings("ignore:.*type hint is inferred as AnyType:UserWarning")
+def test_the_loader_module_recorded_in_versions_keeps_loading(
+    tracking_uri: str, scenario: str, tiny_dir: Path, base_answers: list[str]
+) -> None:
+    """A version's MLmodel names the module MLflow imports to load it, and versions registered
+    before reef/registry.py became a package name ``reef.registry``: that path and its
+    ``_load_pyfunc`` must keep resolving."""
+    import importlib
+
+    import mlflow.pyfunc
+    from mlflow import MlflowClient
+    from mlflow.artifacts import download_artifacts
+    from mlflow.models import Model
+
+    uri = registry.register_base(tracking_uri, scenario, "rel_base", tiny_dir)
+    mv = MlflowClient(tracking_uri).get_model_version(f"reef-{scenario}", uri.rsplit("/", 1)[1])
+    local = Path(download_artifacts(mv.source, dst_path=str(Path.cwd() / "dl")))
+    flavor = Model.load(str(local)).flavors["python_function"]
+    assert flavor["loader_module"] == "reef.registry"  # what the single-module registry wrote
+    assert not flavor.get("code")  # no copy of Reef's code inside: the import path is all
+
+    loader = importlib.import_module(flavor["loader_module"])._load_pyfunc
+    direct = loader(str(local / flavor["data"]))
+    assert isinstance(direct, registry.ReleaseModel)
+    assert direct.predict(PROMPTS, params={"max_new_tokens": MAX_NEW}) == base_answers
+    # as MLflow loads it: from the MLmodel file, through the recorded loader module
+    model = mlflow.pyfunc.load_model(str(local))
+    assert model.loader_module == "reef.registry"
+    assert model.predict(PROMPTS, params={"max_new_tokens": MAX_NEW}) == base_answers
+
+
 def test_checkpoint_candidate_loads_the_checkpoint(
     tracking_uri: str, scenario: str, tiny_dir: Path, tmp_path: Path, base_answers: list[str]
 ) -> None:
@@ -329,7 +361,7 @@ def test_s3_artifacts(
 def test_s3_endpoint_override_is_shared_and_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     name = "REEF_TEST_OVERRIDE"
     monkeypatch.setenv(name, "outer")
-    override = registry._EnvOverride(name)
+    override = registry.EnvOverride(name)
     with override("a"), override("a"):  # same value: shared
         assert os.environ[name] == "a"
     assert os.environ[name] == "outer"

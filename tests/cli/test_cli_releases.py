@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import main
+from cli.main import main
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
 from tests.reefserver import ReefServer

@@ -1,45 +1,18 @@
 """The `reef` command: `reef serve` starts the API with its engine; `reef token` makes a token;
-`reef export` writes a scenario's experience to a file."""
+`reef export` writes a scenario's experience to a file; `reef evolve` runs the evolve flow;
+`reef releases|rollback|promote` call a running server's admin routes."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from reef.engines.base import Engine
 from reef.errors import ConfigError, ReefError
-from reef.settings import Settings, load_settings
-
-log = logging.getLogger("reef")
-
-
-def build_engine(settings: Settings) -> Engine:
-    """Construct (not start) the configured engine. Heavy imports (torch) happen only here,
-    so importing the API never loads them."""
-    cfg = settings.engine
-    if cfg.kind == "upstream":
-        from reef.engines.upstream import UpstreamEngine
-
-        return UpstreamEngine.from_settings(cfg)
-    if cfg.kind == "vllm":
-        from reef.engines.vllm import VllmEngine
-
-        return VllmEngine.from_config(cfg, settings.server.state_dir)
-    from reef.engines.embedded import EmbeddedEngine
-    from reef.models import model_id, resolve_model
-
-    return EmbeddedEngine(
-        resolve_model(cfg.model, cfg.model_cache),
-        model_id(cfg.model),
-        max_batch_size=cfg.max_batch_size,
-        default_max_tokens=cfg.default_max_tokens,
-        threads=cfg.threads,
-    )
+from reef.settings import load_settings
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,43 +38,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from cli.serve import serve as run
 
-    from api.app import create_app
-
-    settings = load_settings(args.config, **_overrides(args))
-    logging.basicConfig(
-        level=settings.server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    settings.server.state_dir.mkdir(parents=True, exist_ok=True)
-    engine = build_engine(settings)
-    evolver, engine_token = None, None
-    if settings.reef.auto:  # the worker evolves scenarios and runs users' jobs (/reef/train)
-        from api.auth import new_token
-        from api.evolver import Evolver
-
-        # The worker's deploys come back to this server's admin routes with this token; it
-        # lives as long as the process and is handed over in the worker's environment only.
-        engine_token = new_token() if settings.auth.tokens else None
-        evolver = Evolver(args.config, _overrides(args), engine_token, settings.server.state_dir)
-    app = create_app(settings, engine, evolver=evolver, engine_token=engine_token)
-    url = f"http://{settings.server.host}:{settings.server.port}"
-    print(
-        f"reef: serving {engine.kind} engine on {url}/v1 (state in {settings.server.state_dir})",
-        flush=True,
-    )
-    uvicorn.run(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level=settings.server.log_level,
-        access_log=args.access_log,
-        loop="uvloop",
-        http="httptools",
-        timeout_graceful_shutdown=30,
-    )
-    return 0
+    return run(args, _overrides(args))
 
 
 def token(args: argparse.Namespace) -> int:
@@ -120,21 +59,9 @@ def token(args: argparse.Namespace) -> int:
 
 
 def openapi(args: argparse.Namespace) -> int:
-    import tempfile
+    from cli.serve import openapi as write
 
-    from api.app import create_app
-    from reef.engines.upstream import UpstreamEngine
-
-    # The spec needs an app, not a running one: nothing here is started or connected.
-    with tempfile.TemporaryDirectory() as state_dir:
-        settings = load_settings(None, server={"state_dir": state_dir})
-        app = create_app(settings, UpstreamEngine("http://127.0.0.1:9/v1", model="reef"))
-        text = json.dumps(app.openapi(), indent=2)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
-    else:
-        print(text)
-    return 0
+    return write(args)
 
 
 def export(args: argparse.Namespace) -> int:
@@ -171,17 +98,14 @@ def evolve(args: argparse.Namespace) -> int:
 
 
 def _admin_call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    import httpx
+    from deploy.engine import EngineAdmin
 
     settings = load_settings(args.config, **_overrides(args))
-    url = (args.url or settings.engine_url).rstrip("/")
-    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
-    r = httpx.request(method, url + path, json=body, headers=headers, timeout=600)
-    data = r.json() if r.content else {}
-    if r.status_code >= 400:
-        message = data.get("error", {}).get("message", r.text) if isinstance(data, dict) else r.text
-        raise ReefError(f"{r.status_code}: {message}")
-    return data
+    admin = EngineAdmin(args.url or settings.engine_url, args.token, timeout_s=600)
+    try:
+        return admin.request(method, path, body)
+    finally:
+        admin.close()
 
 
 def releases(args: argparse.Namespace) -> int:

@@ -1,0 +1,184 @@
+"""The instruct flow behind POST /reef/train: a user's plain-language ask becomes a harness
+candidate, evaluated against the head and always held for review (`promote` releases it).
+
+By default the ask is written verbatim as a rule; with `instruct_mode: model` the proposer
+writes the change, and the rule is the fallback. Each step is written to the job the user
+polls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from deploy.engine import EngineAdmin
+from flows.experience import materialize_snapshot
+from flows.harness import eval_tasks, evaluate, generator, head_harness, proposer
+from flows.release import gate, held_for_review, log_gate, register_harness
+from recipes.harness.propose import (
+    apply_valid,
+    instruction_messages,
+    parse_edits,
+    served,
+    with_instruction,
+)
+from recipes.harness.recipe import HarnessParams, HarnessRecipe
+from reef.artifacts import artifacts_for
+from reef.errors import ReefError
+from reef.harness import Harness, diff
+from reef.recipe import recipe_class
+from reef.records import Release
+from reef.settings import Settings, load_settings
+from reef.store.sql import open_store
+
+log = logging.getLogger(__name__)
+
+
+@flow(name="instruct")
+def instruct(
+    scenario: str,
+    job_id: str,
+    config: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Turn the job's plain-language ask into a harness candidate, evaluate it against the head,
+    and hold it for review. Each step is written to the job, which the user polls."""
+    import mlflow
+
+    from reef import registry
+    from reef.datasets import load
+    from reef.recipe import load_recipe
+
+    settings = load_settings(config, **(overrides or {}))
+    store = open_store(settings.database_url)
+    logger = get_run_logger()
+
+    def step(name: str, **detail: Any) -> None:
+        logger.info("%s: %s %s", job_id, name, json.dumps(detail, default=str)[:500])
+        store.update_job(scenario, job_id, status="running", step={"step": name, **detail})
+
+    try:
+        job = store.get_job(scenario, job_id)
+        ask = str(job.request["text"])
+        recipe = load_recipe("harness", settings.reef.params if _harness_params(settings) else {})
+        assert isinstance(recipe, HarnessRecipe)
+        p: HarnessParams = recipe.params
+        head = store.head_release(scenario)
+        current = head_harness(settings, head)
+        experiment = registry.ensure_experiment(
+            settings.tracking_uri, f"reef/{scenario}", settings.mlflow_artifact_location
+        )
+        mlflow.set_tracking_uri(settings.tracking_uri)
+        with (
+            registry.s3_endpoint(settings.artifacts.s3_endpoint_url),
+            mlflow.start_run(experiment_id=experiment, run_name="instruct") as run,
+        ):
+            mlflow.log_params(
+                {
+                    "scenario": scenario,
+                    "job_id": job_id,
+                    "ask": ask[:500],
+                    "head_release_id": head.id,
+                    **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
+                }
+            )
+            step("proposing", head_release_id=head.id, mode=p.instruct_mode)
+            admin = EngineAdmin.for_settings(settings)
+            try:
+                new, source = _instructed(admin, head, current, ask, p)
+                changes = diff(current, new)
+                mlflow.set_tag("reef.harness_source", source)
+                mlflow.log_dict(changes, "harness_diff.json")
+                mlflow.log_dict(dict(new.files), "harness_files.json")
+                step("proposed", source=source, diff=changes)
+                snapshot, _ = materialize_snapshot(
+                    settings.database_url,
+                    settings.artifacts_url,
+                    scenario,
+                    "scored",
+                    recipe="instruct",
+                    artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
+                )
+                rows = (
+                    load(artifacts_for(settings), snapshot.key).to_pylist() if snapshot.rows else []
+                )
+                tasks, scorer = eval_tasks(settings, recipe, rows)
+                tasks = tasks[: p.max_examples]
+                step("evaluating", tasks=len(tasks), repeats=p.repeats)
+                generate = generator(admin, scenario, head.id, p)
+                result = evaluate(settings, generate, tasks, scorer, new, current, head, p)
+            finally:
+                admin.close()
+            decision = held_for_review(
+                gate(result.candidate, result.head, settings),
+                "an instruction's candidate waits for review (promote it to release it)",
+            )
+            step(
+                "evaluated",
+                **result.metrics(),
+                mean_candidate=decision.mean_candidate,
+                mean_head=decision.mean_head,
+            )
+            metrics = {**result.metrics(), **decision.metrics()}
+            log_gate(decision, result.__dict__, metrics)
+            candidate = register_harness(
+                settings,
+                head,
+                new,
+                decision,
+                recipe="instruct",
+                dataset_id=snapshot.content_hash if snapshot.rows else None,
+                metrics=metrics,
+                run_id=run.info.run_id,
+            )
+        out = {
+            "candidate_id": candidate.id,
+            "status": candidate.status,
+            "source": source,
+            "diff": changes,
+            "gate": decision.as_dict(),
+            "evaluation": result.metrics(),
+            "model_uri": candidate.model_uri,
+            "run_id": run.info.run_id,
+        }
+        store.update_job(
+            scenario,
+            job_id,
+            status="done",
+            candidate_id=candidate.id,
+            result=out,
+            step={"step": "pending_review", "candidate_id": candidate.id},
+        )
+        return out
+    except Exception as e:
+        message = e.message if isinstance(e, ReefError) else f"{type(e).__name__}: {e}"
+        store.update_job(
+            scenario, job_id, status="failed", message=message, step={"step": "failed"}
+        )
+        raise
+    finally:
+        store.close()
+
+
+def _harness_params(settings: Settings) -> bool:
+    """Whether reef.params are a harness recipe's (they configure the instruct flow too)."""
+    return issubclass(recipe_class(settings.reef.recipe), HarnessRecipe)
+
+
+def _instructed(
+    admin: EngineAdmin, head: Release, current: Harness, ask: str, p: HarnessParams
+) -> tuple[Harness, str]:
+    """The harness with the ask applied: the proposer's edits in "model" mode when they change
+    something valid; the ask as a rule otherwise."""
+    if p.instruct_mode == "model":
+        try:
+            reply = proposer(admin, head.scenario, head.id, p)(instruction_messages(current, ask))
+            new = apply_valid(current, parse_edits(reply, current))
+            if new.content_hash() != current.content_hash():
+                return served(new, current), "proposer"
+        except ReefError as e:
+            log.warning("proposer failed (%s); writing the ask as a rule", e.message)
+    return served(with_instruction(current, ask), current), "rule"

@@ -1,0 +1,201 @@
+"""From a judged candidate to a release: the gate, registering, approval and the deploy task.
+
+Every step is a call into the one release path (deploy.chain.ReleaseChain), opened per task:
+a task may run on another host, so it opens its own store and reaches the serving engine over
+its admin routes.
+
+- `register_weights` / `register_harness`: the candidate's files in the artifact store, a
+  model version of `reef-<scenario>` in MLflow with the gate's result, a candidates row.
+- `release`: what the gate's verdict means for the candidate. Rejected: tagged so in MLflow.
+  Pending (`manual` gate): the flow pauses for input (approve it in the Prefect UI), and a
+  watcher resumes it when someone sets the tag `reef.approval` = approved|rejected on the
+  candidate's MLflow model version, or promotes it through Reef. Accepted or approved: `deploy`
+  stages, verifies and moves the head by compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from deploy.chain import ReleaseChain
+from reef.gate import Decision, GatePolicy, decide
+from reef.harness import Harness
+from reef.records import Candidate, Release
+from reef.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@task(retries=0, cache_policy=NO_CACHE)
+def gate(candidate: list[float], head: list[float], settings: Settings) -> Decision:
+    """The configured gate on paired scores (reef.gate.decide)."""
+    return decide(candidate, head, GatePolicy.for_settings(settings))
+
+
+def held_for_review(decision: Decision, reason: str) -> Decision:
+    """The gate's numbers, but pending: a human must look first."""
+    return replace(decision, status="pending", reason=f"{reason}; the gate says: {decision.reason}")
+
+
+def log_gate(decision: Decision, evaluation: dict[str, Any], metrics: dict[str, float]) -> None:
+    """The gate's verdict in the flow's MLflow run (metrics, tags, gate.json) and its log."""
+    import mlflow
+
+    mlflow.log_metrics(metrics)
+    mlflow.set_tags({"reef.gate": decision.status, "reef.gate_reason": decision.reason[:5000]})
+    mlflow.log_dict({"decision": decision.as_dict(), "evaluation": evaluation}, "gate.json")
+    get_run_logger().info("gate: %s — %s", decision.status, decision.reason)
+
+
+@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def register_weights(
+    settings: Settings,
+    head: Release,
+    files: Path,
+    kind: str,
+    decision: Decision,
+    *,
+    recipe: str,
+    dataset_id: str,
+    metrics: dict[str, float],
+    run_id: str,
+    base_model: Path,
+) -> Candidate:
+    """Register trained weights as a candidate (pending, or rejected with the gate's reason)."""
+    with ReleaseChain.for_settings(settings) as chain:
+        return chain.add_weights_candidate(
+            head,
+            files,
+            kind,
+            decision,
+            recipe=recipe,
+            dataset_id=dataset_id,
+            metrics=metrics,
+            run_id=run_id,
+            base_model=str(base_model),
+        )
+
+
+@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def register_harness(
+    settings: Settings,
+    head: Release,
+    harness: Harness,
+    decision: Decision,
+    *,
+    recipe: str,
+    dataset_id: str | None,
+    metrics: dict[str, float],
+    run_id: str | None,
+) -> Candidate:
+    """Register a harness as a candidate that keeps the head's weights."""
+    with ReleaseChain.for_settings(settings) as chain:
+        return chain.add_harness_candidate(
+            head,
+            harness,
+            decision,
+            recipe=recipe,
+            dataset_id=dataset_id,
+            metrics=metrics,
+            run_id=run_id,
+        )
+
+
+@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def deploy(settings: Settings, candidate: Candidate, operation: str | None = None) -> Release:
+    """Stage + verify in the serving engine, then move the head (CAS) and the MLflow alias."""
+    with ReleaseChain.for_settings(settings) as chain:
+        release = chain.publish(candidate, operation)
+    get_run_logger().info(
+        "release %s (seq %d) is the head of %s", release.id, release.seq, release.scenario
+    )
+    return release
+
+
+def release(
+    settings: Settings, candidate: Candidate, decision: Decision, consumed: Callable[[], None]
+) -> dict[str, Any]:
+    """Carry out the gate's verdict on a registered candidate; `consumed` marks its batch
+    trained on once the candidate is decided (rejected, declined, or published). Returns the
+    status and, when published, the release."""
+    import mlflow
+
+    logger = get_run_logger()
+    if decision.status == "rejected":
+        consumed()
+        with ReleaseChain.for_settings(settings) as chain:
+            chain.mark(candidate, "rejected")
+        return {"status": candidate.status}
+    if decision.status == "pending":
+        approved, note = wait_for_approval(settings, candidate)
+        logger.info("candidate %s: %s", candidate.id, note)
+        mlflow.set_tag("reef.approval", note)
+        if not approved:
+            consumed()
+            with ReleaseChain.for_settings(settings) as chain:
+                return {"status": chain.reject(candidate, note).status}
+    published = deploy(settings, replace(candidate, status="pending"))
+    consumed()
+    mlflow.set_tag("reef.release_id", published.id)
+    return {"status": "published", "release_id": published.id, "seq": published.seq}
+
+
+def wait_for_approval(settings: Settings, candidate: Candidate) -> tuple[bool, str]:
+    """Pause the flow run for input; a watcher resumes it on an MLflow tag or a promote."""
+    from prefect.context import FlowRunContext
+    from prefect.flow_runs import pause_flow_run, resume_flow_run
+    from prefect.input import RunInput
+
+    from reef import registry
+    from reef.store.sql import open_store
+
+    class Approval(RunInput):
+        approve: bool
+        note: str = ""
+
+    ctx = FlowRunContext.get()
+    assert ctx is not None and ctx.flow_run is not None
+    flow_run_id = ctx.flow_run.id
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(2.0):
+            try:
+                tag = registry.approval(settings.tracking_uri, candidate.model_uri or "")
+                store = open_store(settings.database_url)
+                try:
+                    status = store.get_candidate(candidate.scenario, candidate.id).status
+                finally:
+                    store.close()
+            except Exception as e:  # keep watching: the pause still waits for the UI
+                log.warning("approval watcher: %s", e)
+                continue
+            answer = None
+            if status != "pending":
+                answer = {"approve": False, "note": f"candidate is {status} (decided in Reef)"}
+            elif tag in ("approved", "rejected"):
+                answer = {"approve": tag == "approved", "note": f"MLflow tag reef.approval={tag}"}
+            if answer is not None:
+                resume_flow_run(flow_run_id, run_input=answer)
+                return
+
+    watcher = threading.Thread(target=watch, name="reef-approval-watcher", daemon=True)
+    watcher.start()
+    try:
+        got = pause_flow_run(
+            wait_for_input=Approval,
+            timeout=int(settings.gate.approval_timeout_s),
+            poll_interval=2,
+            key=f"approve-{candidate.id.lower().replace('_', '-')}",
+        )
+    finally:
+        stop.set()
+    return bool(got.approve), got.note or ("approved in Prefect" if got.approve else "rejected")

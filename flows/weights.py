@@ -1,0 +1,176 @@
+"""The evolve flow's path for weight recipes: train a candidate, score it against the head on
+the same samples, let the gate decide, register it.
+
+Training runs in this worker process (never in the API process), continuing from the head's
+files, with a progress line per logged step. Evaluation loads both models here too.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from deploy.chain import ReleaseChain
+from flows.release import gate, log_gate, register_weights
+from reef.errors import ReefError
+from reef.gate import Decision
+from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
+from reef.records import Candidate, Release
+from reef.settings import Settings
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Paired per-sample scores of the candidate and the head on the same evaluation set."""
+
+    method: str  # "replay" | "tasks" | "none"
+    sample_ids: list[str]
+    candidate: list[float]
+    head: list[float]
+    seconds: float
+
+
+def base_model(settings: Settings) -> Path:
+    """The served model's files, which weight recipes train from."""
+    from reef.models import resolve_model
+
+    if settings.engine.kind == "upstream":  # vLLM serves engine.model's files, as embedded does
+        raise ReefError(
+            f"evolving weights needs the model's weights; engine '{settings.engine.kind}' "
+            "serves a remote model",
+            code="not_trainable",
+        )
+    return resolve_model(settings.engine.model, settings.engine.model_cache)
+
+
+def head_files(settings: Settings, head: Release) -> Path | None:
+    """A local copy of the head's weights files (None for the base)."""
+    with ReleaseChain.for_settings(settings) as chain:
+        return chain.files(head)
+
+
+@task(retries=0, cache_policy=NO_CACHE)
+def train(recipe: WeightsRecipe, job: TrainJob) -> Trained:
+    """recipe.train in this worker process, with a progress line per logged step."""
+    logger = get_run_logger()
+    last = [0.0, -1]
+
+    def progress(step: int, total: int, metrics: Any) -> None:
+        now = time.monotonic()
+        if step != last[1] and (now - last[0] > 2 or step == total):
+            last[0], last[1] = now, step
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:6])
+            logger.info("train step %d/%d %s", step, total, shown)
+
+    return recipe.train(job, progress)
+
+
+@task(retries=0, cache_policy=NO_CACHE)
+def evaluate(
+    recipe: WeightsRecipe,
+    settings: Settings,
+    model: Path,
+    head: Release,
+    head_path: Path | None,
+    candidate: Trained,
+    held_out: list[dict[str, Any]],
+) -> Evaluation:
+    """Score the head and the candidate on the same samples (recipes.evaluate)."""
+    from recipes import evaluate as ev
+
+    started = time.monotonic()
+    gate_cfg = settings.gate
+    scorer = import_object(gate_cfg.scorer, "gate.scorer") if gate_cfg.scorer else recipe.scorer()
+    if gate_cfg.eval_dataset is not None:
+        if scorer is None:
+            raise ReefError("gate.eval_dataset needs a scorer (gate.scorer or the recipe's)")
+        samples, method = ev.task_samples(gate_cfg.eval_dataset), "tasks"
+    elif scorer is not None and held_out:
+        samples = [ev.EvalSample(r["sample_id"], json.loads(r["messages"])) for r in held_out]
+        method = "tasks"
+    else:
+        threshold = float(getattr(recipe.params, "threshold", 0.5))
+        samples, method = ev.replay_samples(held_out, threshold), "replay"
+    if not samples:
+        return Evaluation("none", [], [], [], 0.0)
+
+    def scores(kind: str, path: Path | None) -> list[float]:
+        loaded, tokenizer = ev.load_model(model, kind, path)
+        if method == "replay":
+            return ev.replay_scores(loaded, tokenizer, samples)
+        assert scorer is not None
+        return ev.task_scores(loaded, tokenizer, samples, scorer, gate_cfg.max_tokens)[0]
+
+    head_scores = scores(head.kind, head_path)
+    cand_scores = scores(candidate.kind, candidate.path)
+    return Evaluation(
+        method,
+        [s.sample_id for s in samples],
+        cand_scores,
+        head_scores,
+        round(time.monotonic() - started, 3),
+    )
+
+
+def candidate(
+    settings: Settings,
+    recipe: WeightsRecipe,
+    model: Path,
+    head: Release,
+    snapshot: Any,
+    train_rows: list[dict[str, Any]],
+    held_out: list[dict[str, Any]],
+    run_id: str,
+) -> tuple[Candidate, Decision] | dict[str, Any]:
+    """Train, evaluate, gate and register one weights candidate (inside the flow's MLflow
+    run); or what happened instead when the batch has nothing to teach the recipe."""
+    import mlflow
+    import pyarrow as pa
+
+    parent = head_files(settings, head)
+    with tempfile.TemporaryDirectory(prefix="reef-candidate-") as tmp:
+        job = TrainJob(
+            scenario=head.scenario,
+            base_model=model,
+            dataset=pa.Table.from_pylist(train_rows, schema=snapshot.schema),
+            out_dir=Path(tmp) / "candidate",
+            parent_kind=head.kind if head.kind in ("adapter", "checkpoint") else "base",  # type: ignore[arg-type]
+            parent_path=parent,
+            seed=settings.reef.seed,
+        )
+        try:
+            trained = train(recipe, job)
+        except ReefError as e:
+            if e.code != "nothing_to_train":
+                raise
+            return {"status": "nothing_to_train", "reason": e.message}
+        mlflow.log_metrics(trained.metrics)
+        evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
+        decision = gate(evaluation.candidate, evaluation.head, settings)
+        metrics = {
+            **trained.metrics,
+            "eval_samples": float(len(evaluation.sample_ids)),
+            "eval_seconds": evaluation.seconds,
+            **decision.metrics(),
+        }
+        log_gate(decision, evaluation.__dict__, metrics)
+        registered = register_weights(
+            settings,
+            head,
+            trained.path,
+            trained.kind,
+            decision,
+            recipe=recipe.name,
+            dataset_id=snapshot.content_hash,
+            metrics=metrics,
+            run_id=run_id,
+            base_model=model,
+        )
+    return registered, decision

@@ -1,0 +1,573 @@
+"""The embedded engine's scheduler: one thread that owns the model and decodes every request.
+
+Which thread owns what:
+
+- The event loop (`EmbeddedEngine`) builds each `Request` and hands it over with `submit`; from
+  then on it only reads the request's `events` and sets `cancelled` when its consumer goes away.
+  It asks for variant changes with `attach_adapter`, `detach_adapter` and `retire`, and awaits
+  the `concurrent.futures.Future` they return.
+- The scheduler thread (`Scheduler._run`) owns everything else: the waiting line, the running
+  groups with their `Batch` (and so their KV caches), the PEFT wrapper around the base model and
+  the mode of its LoRA layers, the variants waiting to be freed, a request's fields below its
+  line, and the `EngineStats` counters (others only read them). Every forward pass runs on it,
+  and so does every change to the base model's layers, only between decode steps.
+- They meet at one thread-safe queue (requests and control messages in); tokens go back through
+  each request's own event loop (`call_soon_threadsafe`), control results through the futures.
+  After the thread has stopped, `close` (on whichever thread calls it) fails what is left.
+
+Between decode steps the scheduler admits queued requests (prefilled together, then merged into
+the running batch), drops finished and cancelled rows, and advances every row by one token per
+forward pass. Rows are grouped by the weights they read: the base model and all its adapters
+share one batch (PEFT's mixed-adapter forward, `adapter_names`), each full checkpoint has its own
+batch, and every group advances one token per scheduler round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from reef.engines.batch import Batch
+from reef.engines.detokenize import Detokenizer, TokenText
+from reef.engines.response import TokenEvent
+from reef.engines.sampling import Sampled, SamplingParams, sample_rows
+from reef.errors import BadRequest, EngineError, EngineUnavailable, ReefError
+
+log = logging.getLogger(__name__)
+
+_STOP = object()  # queued by close(): the scheduler fails what is left and exits
+BASE_ADAPTER = "__base__"  # PEFT's adapter name for rows of a mixed batch that take no adapter
+_MIXED = "__mixed__"  # LoRA layers enabled, each row's adapter named in the forward call
+
+
+@dataclass
+class EngineStats:
+    """Counters the scheduler thread updates; read them for tests, logs and metrics."""
+
+    requests: int = 0  # admitted to the batch
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    prefills: int = 0  # forward passes over prompts
+    prompt_tokens: int = 0
+    steps: int = 0  # decode forward passes
+    tokens_generated: int = 0
+    max_batch: int = 0  # most rows in one forward pass
+    active: int = 0  # admitted and not yet done
+
+
+@dataclass(eq=False)
+class Variant:
+    """A model the engine answers to: the base, a LoRA adapter on it, or a full checkpoint.
+
+    `weights` is the model whose parameters a forward pass reads: the base model for the base
+    and every adapter (which then share a batch), a model of its own for a checkpoint. Made on
+    the event loop, never changed; the scheduler only reads it.
+    """
+
+    name: str
+    weights: torch.nn.Module
+    adapter: str | None = None  # the PEFT adapter's key inside the base model
+
+
+class Request:
+    """One request in flight, built on the event loop and handed over by `Scheduler.submit`.
+    Fields below the line belong to the scheduler thread; the event loop reads `events`, sets
+    `cancelled` and reads `done`."""
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        loop: asyncio.AbstractEventLoop,
+        detok: Detokenizer,
+        variant: Variant,
+        *,
+        check_finite: bool = False,
+    ):
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.loop = loop
+        self.variant = variant  # fixed at submission: loads and unloads do not move a request
+        self.check_finite = check_finite  # fail the request on NaN/inf logits (verify)
+        self.events: asyncio.Queue[TokenEvent | ReefError] = asyncio.Queue()
+        self.submitted = time.monotonic()
+        self.cancelled = False  # set by the consumer's side when it goes away
+        # ---- scheduler thread
+        self.detok = detok
+        self.generator = params.generator()
+        self.generated = 0
+        self.last_token = -1
+        self.done = False
+        self.admitted: float | None = None
+        self.first_token: float | None = None
+        self.finished: float | None = None
+
+    def post(self, item: TokenEvent | ReefError) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled = True
+
+    def timings(self) -> dict[str, float]:
+        def ms(t: float | None) -> float:
+            return round(((t or self.submitted) - self.submitted) * 1000, 3)
+
+        return {
+            "queue_ms": ms(self.admitted),
+            "ttft_ms": ms(self.first_token),
+            "total_ms": ms(self.finished),
+        }
+
+
+@dataclass(frozen=True)
+class _Control:
+    """Work for the scheduler thread between decode steps; `done` carries its result back."""
+
+    run: Callable[[], Any]
+    done: Future[Any]
+
+
+class _Group:
+    """Rows that read the same weights, decoded together in one batch."""
+
+    def __init__(self, weights: torch.nn.Module):
+        self.weights = weights
+        self.batch: Batch | None = None
+        self.rows: list[Request] = []
+
+
+class Scheduler:
+    """The thread that owns the model: batches requests, runs prefill and decode, and applies
+    variant changes between decode steps. Its public methods are the event loop's interface
+    and may be called from any thread; everything else runs on the scheduler thread."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        model_id: str,
+        max_batch_size: int,
+        eos_ids: frozenset[int],
+        pad_id: int,
+        token_text: TokenText,
+        stats: EngineStats,
+    ):
+        # ---- fixed before the thread starts
+        self.model_id = model_id
+        self.max_batch_size = max_batch_size
+        self.stats = stats  # written by the scheduler thread only
+        self._eos_ids = eos_ids
+        self._pad_id = pad_id
+        self._token_text = token_text
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        # ---- scheduler thread
+        self._model: Any = model  # the base model, never wrapped: adapters go in `_peft`
+        self._peft: Any = None  # PeftModel around `_model` while an adapter is loaded
+        self._lora_mode: str | None = None  # what its LoRA layers apply now (see _lora_layers)
+        self._groups: dict[torch.nn.Module, _Group] = {}
+        self._waiting: deque[Request] = deque()  # taken off the queue, not yet admitted
+        self._retiring: list[tuple[Variant, Future[None]]] = []  # unloaded, maybe still in use
+
+    # ---- the event loop's interface (any thread)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"reef-engine-{self.model_id}", daemon=True
+        )
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, req: Request) -> None:
+        """Queue a request; its tokens come back through `req.events`."""
+        self._queue.put(req)
+
+    def attach_adapter(
+        self, key: str, config: Any, weights: dict[str, torch.Tensor]
+    ) -> Future[None]:
+        """Add LoRA adapter `key` to the base model between decode steps. It is attached even
+        when the caller stops waiting; `detach_adapter` queued after it takes it off again."""
+        done: Future[None] = Future()
+        self._queue.put(_Control(lambda: self._attach_adapter(key, config, weights), done))
+        return done
+
+    def detach_adapter(self, key: str) -> None:
+        """Remove adapter `key` between decode steps, after whatever was queued before."""
+        self._queue.put(_Control(lambda: self._detach_adapter(key), Future()))
+
+    def retire(self, variant: Variant) -> Future[None]:
+        """Free `variant` once no request uses it any more (requests already submitted on it
+        run to their end); the future resolves when it is gone."""
+        freed: Future[None] = Future()
+        queued: Future[None] = Future()
+        self._queue.put(_Control(lambda: self._retiring.append((variant, freed)), queued))
+
+        def failed(f: Future[None]) -> None:  # never queued for freeing: the engine stopped
+            error = None if f.cancelled() else f.exception()
+            if isinstance(error, Exception):
+                _settle(freed, error=error)
+
+        queued.add_done_callback(failed)
+        return freed
+
+    def close(self) -> None:
+        """Stop the thread and fail everything still in flight or queued with EngineUnavailable.
+        Blocks until the thread is gone: call it off the event loop."""
+        self._queue.put(_STOP)
+        if self._thread is not None:
+            self._thread.join()
+        self._fail_queued()  # anything queued after the scheduler's last look
+        self._peft = None
+
+    # ---- scheduler thread
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                busy = bool(self._groups or self._waiting)
+                if not self._take(block=not busy):
+                    self._shutdown()
+                    return
+                new: list[Request] = []
+                try:
+                    for group in self._groups.values():
+                        self._drop_cancelled(group)
+                    new = self._admit()
+                    self._join(new)
+                    # Round-robin over the groups: one forward pass each per round.
+                    for group in list(self._groups.values()):
+                        if group.rows:
+                            self._decode(group)
+                    self._groups = {w: g for w, g in self._groups.items() if g.rows}
+                except Exception as exc:  # a bug of ours, not the model's: keep serving
+                    log.exception("embedded engine scheduler error")
+                    for r in [r for g in self._groups.values() for r in g.rows] + new:
+                        self._fail(r, EngineError(f"embedded engine error: {exc}"))
+                    self._groups = {}
+                self._retire()
+
+    def _take(self, *, block: bool) -> bool:
+        """Move queued requests to the waiting line and run queued control messages; block
+        only when there is nothing else to do. False when the engine is stopping."""
+        while True:
+            try:
+                item = self._queue.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item is _STOP:
+                return False
+            if isinstance(item, _Control):
+                self._control(item)
+            else:
+                self._waiting.append(item)
+
+    def _control(self, item: _Control) -> None:
+        # Runs even when its caller was cancelled meanwhile: an unload must still retire, and
+        # a cancelled load queued its own undoing behind it.
+        try:
+            result = item.run()
+        except Exception as exc:
+            _settle(item.done, error=exc)
+        else:
+            _settle(item.done, result)
+        self._retire()  # an unload of something idle completes at once
+
+    def _admit(self) -> list[Request]:
+        """Take waiting requests while there is room in the batch."""
+        room = self.max_batch_size - sum(len(g.rows) for g in self._groups.values())
+        new: list[Request] = []
+        while self._waiting and len(new) < room:
+            r = self._waiting.popleft()
+            if r.cancelled:
+                self._drop(r)
+            else:
+                new.append(r)
+        return new
+
+    def _join(self, new: list[Request]) -> None:
+        """Prefill new requests, one forward pass per group, and merge them into their group."""
+        by_weights: dict[torch.nn.Module, list[Request]] = {}
+        for r in new:
+            by_weights.setdefault(r.variant.weights, []).append(r)
+        for weights, rows in by_weights.items():
+            joined = self._prefill(weights, rows)
+            if joined is None:
+                continue
+            group = self._groups.setdefault(weights, _Group(weights))
+            batch, kept = joined
+            group.batch = batch if group.batch is None else group.batch.merge(batch)
+            group.rows = group.rows + kept
+
+    def _drop_cancelled(self, group: _Group) -> None:
+        keep = [i for i, r in enumerate(group.rows) if not r.cancelled]
+        if len(keep) == len(group.rows) or group.batch is None:
+            return
+        for r in group.rows:
+            if r.cancelled:
+                self._drop(r)
+        group.batch, group.rows = group.batch.select(keep), [group.rows[i] for i in keep]
+
+    def _forward(
+        self, weights: torch.nn.Module, rows: list[Request]
+    ) -> tuple[torch.nn.Module, dict[str, Any]]:
+        """What to call for a forward pass over `rows`, and the extra arguments it takes.
+
+        With adapters loaded the base model's layers carry LoRA weights. Rows of several kinds
+        (adapters, or adapters and plain base rows) go through the PEFT wrapper, which applies
+        each row's own adapter; PEFT then hooks every LoRA layer for that one pass, which costs
+        a few milliseconds, so a pass whose rows are all of one kind instead sets the layers
+        for that kind (only when it changes) and calls the model as it is.
+        """
+        if weights is not self._model or self._peft is None:
+            return weights, {}
+        names = [r.variant.adapter or BASE_ADAPTER for r in rows]
+        if len(set(names)) == 1:
+            self._lora_layers(names[0])
+            return weights, {}
+        self._lora_layers(_MIXED)
+        return self._peft, {"adapter_names": names}
+
+    def _lora_layers(self, mode: str) -> None:
+        """Set what the LoRA layers apply: nothing (BASE_ADAPTER), one adapter, or per row."""
+        if mode == self._lora_mode:
+            return
+        tuner = self._peft.base_model
+        if mode == BASE_ADAPTER:
+            tuner.disable_adapter_layers()
+        else:
+            tuner.enable_adapter_layers()
+            if mode != _MIXED:
+                self._peft.set_adapter(mode, inference_mode=True)
+        self._lora_mode = mode
+
+    def _prefill(
+        self, weights: torch.nn.Module, new: list[Request]
+    ) -> tuple[Batch, list[Request]] | None:
+        now = time.monotonic()
+        for r in new:
+            r.admitted = now
+        self.stats.requests += len(new)
+        self.stats.active += len(new)
+        try:
+            model, extra = self._forward(weights, new)
+            batch, logits = Batch.prefill(model, [r.prompt_ids for r in new], self._pad_id, **extra)
+            self.stats.prefills += 1
+            self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in new)
+            self.stats.max_batch = max(self.stats.max_batch, len(new))
+            keep = self._advance(new, logits)
+        except Exception as exc:
+            log.exception("embedded engine: prefill of %d requests failed", len(new))
+            for r in new:
+                self._fail(r, EngineError(f"the model failed while reading the prompt: {exc}"))
+            return None
+        if len(keep) < len(new):
+            selected = batch.select(keep)
+            if selected is None:
+                return None
+            batch = selected
+        return batch, [new[i] for i in keep]
+
+    def _decode(self, group: _Group) -> None:
+        rows, batch = group.rows, group.batch
+        assert batch is not None
+        try:
+            model, extra = self._forward(group.weights, rows)
+            logits = batch.step(model, [r.last_token for r in rows], **extra)
+            self.stats.steps += 1
+            self.stats.max_batch = max(self.stats.max_batch, len(rows))
+            keep = self._advance(rows, logits)
+        except Exception as exc:
+            # The cache may be half-updated: every row of this step fails, the thread goes on.
+            log.exception("embedded engine: decode step over %d rows failed", len(rows))
+            for r in rows:
+                self._fail(r, EngineError(f"the model failed while generating: {exc}"))
+            group.batch, group.rows = None, []
+            return
+        if len(keep) < len(rows):
+            group.batch, group.rows = batch.select(keep), [rows[i] for i in keep]
+
+    def _advance(self, rows: list[Request], logits: torch.Tensor) -> list[int]:
+        """Sample each row's next token, send it, and return the indices of rows still running."""
+        picks = sample_rows(logits, [r.params for r in rows], [r.generator for r in rows])
+        now = time.monotonic()
+        keep = []
+        for i, (r, pick) in enumerate(zip(rows, picks, strict=True)):
+            if r.cancelled:
+                self._drop(r)
+                continue
+            if r.check_finite and not bool(torch.isfinite(logits[i]).all()):
+                self._fail(r, EngineError(f"model '{r.variant.name}' produced non-finite logits"))
+                continue
+            r.generated += 1
+            r.last_token = pick.token_id
+            r.first_token = r.first_token or now
+            self.stats.tokens_generated += 1
+            eos = pick.token_id in self._eos_ids
+            text = "" if eos else r.detok.add(pick.token_id)
+            finish = None
+            if r.detok.stopped or eos:
+                finish = "stop"
+            elif r.generated >= (r.params.max_tokens or 0):
+                finish = "length"
+            if finish is not None and not r.detok.stopped:
+                text += r.detok.finish()
+            entry = self._logprob_entry(pick) if r.params.logprobs else None
+            if finish is None:
+                keep.append(i)
+            else:
+                self._leave(r)
+                self.stats.finished += 1
+            r.post(TokenEvent(text, pick.token_id, pick.logprob, entry, finish))
+        return keep
+
+    def _logprob_entry(self, pick: Sampled) -> dict[str, Any]:
+        text_of = self._token_text
+        assert text_of is not None
+
+        def item(token_id: int, logprob: float) -> dict[str, Any]:
+            token, data = text_of(token_id)
+            # JSON has no -inf; vLLM reports the same floor.
+            return {"token": token, "logprob": max(logprob, -9999.0), "bytes": data}
+
+        entry = item(pick.token_id, pick.logprob)
+        entry["top_logprobs"] = [item(t, lp) for t, lp in pick.top]
+        return entry
+
+    def _leave(self, r: Request) -> None:
+        """Mark a request done; counted out of `active` before its last event is posted."""
+        r.done, r.finished = True, time.monotonic()
+        if r.admitted is not None:
+            self.stats.active -= 1
+
+    def _drop(self, r: Request) -> None:
+        """A cancelled request leaves: nobody reads its events any more."""
+        self._leave(r)
+        self.stats.cancelled += 1
+
+    def _fail(self, r: Request, exc: ReefError) -> None:
+        if r.done:
+            return
+        self._leave(r)
+        self.stats.failed += 1
+        r.post(exc)
+
+    def _shutdown(self) -> None:
+        for r in [r for g in self._groups.values() for r in g.rows] + list(self._waiting):
+            self._fail(r, EngineUnavailable("the embedded engine is shutting down"))
+        self._groups, self._waiting = {}, deque()
+        for _, freed in self._retiring:
+            _settle(freed, error=EngineUnavailable("the embedded engine is shutting down"))
+        self._retiring = []
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Control):
+                _settle(item.done, error=EngineUnavailable("the embedded engine is shutting down"))
+            elif item is not _STOP:
+                self._fail(item, EngineUnavailable("the embedded engine is shutting down"))
+
+    # ---- variants (scheduler thread, between decode steps)
+
+    def _attach_adapter(self, key: str, config: Any, weights: dict[str, torch.Tensor]) -> None:
+        """Add a LoRA adapter to the base model under `key`; on failure leave it as it was."""
+        from peft import PeftModel, set_peft_model_state_dict
+
+        self._lora_mode = None  # adding an adapter may change which one is active
+        try:
+            if self._peft is None:
+                with warnings.catch_warnings():
+                    # PEFT reads transformers' deprecated `is_gradient_checkpointing`.
+                    warnings.simplefilter("ignore", FutureWarning)
+                    self._peft = PeftModel(self._model, config, adapter_name=key)
+            else:
+                self._peft.add_adapter(key, config)
+            loaded: Any = set_peft_model_state_dict(self._peft, weights, adapter_name=key)
+            missing = [k for k in loaded.missing_keys if f".{key}." in k]
+            if loaded.unexpected_keys or missing:
+                raise ValueError(
+                    f"tensors it lacks: {missing[:3]}, tensors the model has no place for: "
+                    f"{loaded.unexpected_keys[:3]}"
+                )
+            self._peft.eval()  # new LoRA layers start in training mode (dropout)
+        except Exception as exc:
+            self._detach_adapter(key)
+            raise BadRequest(
+                f"the adapter does not fit the base model {self.model_id}: {exc}",
+                code="invalid_adapter",
+                param="path",
+            ) from exc
+
+    def _detach_adapter(self, key: str) -> None:
+        """Remove adapter `key`; with the last one gone the base model is plain again."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        peft = self._peft
+        self._lora_mode = None
+        others = [k for k in peft.peft_config if k != key] if peft is not None else []
+        if not others:
+            if peft is not None:
+                peft.unload()  # puts the base layers back in place of the LoRA ones
+            else:  # PeftModel() failed halfway: some layers may be wrapped already
+                for name, module in list(self._model.named_modules()):
+                    if isinstance(module, BaseTunerLayer):
+                        parent, _, child = name.rpartition(".")
+                        setattr(self._model.get_submodule(parent), child, module.get_base_layer())
+            self._peft = None
+            return
+        if key in peft.active_adapters:  # PEFT would warn and pick another
+            peft.set_adapter(others[0], inference_mode=True)
+        if key in peft.peft_config:
+            peft.delete_adapter(key)
+        for module in peft.modules():  # a failed add_adapter may have wrapped some layers
+            if isinstance(module, BaseTunerLayer):
+                module.delete_adapter(key)
+
+    def _retire(self) -> None:
+        """Free unloaded variants no request uses any more, and tell their unload() so."""
+        if not self._retiring:
+            return
+        busy = {id(r.variant) for g in self._groups.values() for r in g.rows}
+        busy.update(id(r.variant) for r in self._waiting)
+        still = []
+        for variant, freed in self._retiring:
+            if id(variant) in busy:
+                still.append((variant, freed))
+                continue
+            try:
+                if variant.adapter is not None:
+                    self._detach_adapter(variant.adapter)
+                _settle(freed)  # a checkpoint goes with the last reference to it
+            except Exception as exc:
+                log.exception("embedded engine: unloading %s failed", variant.name)
+                _settle(freed, error=EngineError(f"unloading '{variant.name}' failed: {exc}"))
+        self._retiring = still
+
+
+def _settle(done: Future[Any], result: Any = None, error: Exception | None = None) -> None:
+    """Hand a result to the event loop waiting on `done`; nobody waits when it was cancelled."""
+    if not done.set_running_or_notify_cancel():
+        return
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)
