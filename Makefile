@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv vllm-venv test-vllm run test test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo smollm2 clean
+.PHONY: venv vllm-venv test-vllm run test test-loop test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo smollm2 clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,8 +54,13 @@ smollm2: $(MODEL_CACHE)/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 run: venv smollm2
 	$(BIN)/reef serve --host $(HOST) --port $(PORT) --state-dir $(STATE_DIR) --model smollm2
 
+# The default suite: everything but the slow, loop and vLLM tests (fast by design, < 4 min).
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# End-to-end learning loops on the tiny model: the evolve flow or worker trains and deploys.
+test-loop: venv
+	$(BIN)/pytest -m loop $(PYTEST_ARGS)
 
 # Real vLLM behind `reef serve --engine vllm`: serving, LoRA and full-weight deploys.
 test-vllm: venv vllm-venv

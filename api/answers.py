@@ -12,7 +12,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from api.bodies import call_headers
+from api.errors import error_body
 from api.services import Services
+from reef.errors import ReefError
 from reef.records import Candidate, Record, Release, Scenario
 from reef.serving import Call
 from reef.wire import CandidateOut, ReleaseOut
@@ -54,8 +56,12 @@ async def start_call(
     route: str,
     body: dict[str, Any],
     engine_body: dict[str, Any],
+    *,
+    session_id: str | None = None,
 ) -> Call:
-    """The call for this request, placed in its session (or a replay of an idempotent retry)."""
+    """The call for this request, placed in its session (or a replay of an idempotent retry).
+    An explicit session (the x-reef-session-id header) wins over `session_id`, the session a
+    route found itself (a continued response's)."""
     asked = call_headers(request)
     return await svc.serving.new_call(
         scenario,
@@ -63,7 +69,7 @@ async def start_call(
         body,
         engine_body,
         asked.tags,
-        session_id=asked.session_id,
+        session_id=asked.session_id or session_id,
         idempotency_key=asked.idempotency_key,
     )
 
@@ -99,13 +105,30 @@ async def plain_answer(
     return json_answer(record, replayed)
 
 
+def stream_error(err: ReefError, *, anthropic: bool = False) -> dict[str, Any]:
+    """The error event that ends a stream which failed after its headers went out."""
+    return error_body(err, anthropic=anthropic)
+
+
 def event_stream(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
     return StreamingResponse(
         events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
     )
 
 
-def release_out(r: Release, head_id: str) -> ReleaseOut:
+def without_locations(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Release or candidate metadata without where the server keeps files (the artifact key,
+    the harness tree's key and uri): what a scenario-scoped token is shown. What the files are
+    (content hashes, counts) stays."""
+    out = {k: v for k, v in metadata.items() if k != "artifact_key"}
+    harness = out.get("harness")
+    if isinstance(harness, dict):
+        out["harness"] = {k: v for k, v in harness.items() if k not in ("key", "uri")}
+    return out
+
+
+def release_out(r: Release, head_id: str, *, admin: bool = False) -> ReleaseOut:
+    """A release row; `uri` and the file locations in `metadata` for admins only."""
     return ReleaseOut(
         release_id=r.id,
         parent_release_id=r.parent_id,
@@ -115,18 +138,22 @@ def release_out(r: Release, head_id: str) -> ReleaseOut:
         operation=r.operation,
         created_at=r.created_at,
         model_uri=r.model_uri,
-        uri=r.uri,
+        uri=r.uri if admin else None,
         content_hash=r.content_hash,
         recipe=r.recipe,
         dataset_id=r.dataset_id,
         metrics=r.metrics,
         gate=r.gate,
-        metadata=r.metadata,
+        metadata=r.metadata if admin else without_locations(r.metadata),
     )
 
 
-def candidate_out(c: Candidate) -> CandidateOut:
+def candidate_out(c: Candidate, *, admin: bool = False) -> CandidateOut:
+    """A candidate row; the file locations in `metadata` for admins only (its `uri` for none:
+    the release it becomes shows it)."""
     d = dataclasses.asdict(c)
+    if not admin:
+        d["metadata"] = without_locations(c.metadata)
     return CandidateOut(
         release_id=c.id,
         parent_release_id=c.parent_id,

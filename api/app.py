@@ -18,15 +18,26 @@ import reef
 from api import errors
 from api.auth import Authenticator
 from api.evolver import Evolver
+from api.guard import BrowserGuard, allowed_hosts
 from api.metrics import Metrics, MetricsMiddleware
 from api.readiness_metrics import ReadinessCollector
-from api.routes import anthropic, engine_admin, experience, harness, health, openai, releases
+from api.routes import (
+    anthropic,
+    engine_admin,
+    experience,
+    harness,
+    health,
+    openai,
+    releases,
+    responses,
+)
 from api.routes import reef as reef_routes
 from api.services import LocalEngine, Services
 from deploy.chain import ReleaseChain
 from reef.artifacts import artifacts_for
 from reef.engines.base import Deployable, Engine
 from reef.harness import HarnessCache
+from reef.limits import Limits
 from reef.serving import Serving
 from reef.settings import Settings
 from reef.store.base import Store
@@ -41,6 +52,7 @@ from reef.wire import (
     RefreshIn,
     ReleaseRef,
     ReportIn,
+    ResponsesRequest,
     ScenarioIn,
     UnloadAdapterIn,
     VariantIn,
@@ -53,6 +65,7 @@ log = logging.getLogger("reef.api")
 _REQUEST_MODELS = (
     ChatCompletionRequest,
     AnthropicMessagesRequest,
+    ResponsesRequest,
     ReportIn,
     ScenarioIn,
     ReleaseRef,
@@ -92,7 +105,7 @@ def create_app(
     committer = GroupCommitter(
         store, window_ms=settings.store.commit_window_ms, max_batch=settings.store.commit_max_batch
     )
-    metrics = Metrics()
+    metrics = Metrics(scenario_labels=settings.server.scenario_labels)
     harnesses = HarnessCache(artifacts, settings.server.state_dir / "cache")
     serving = Serving(
         engine,
@@ -101,6 +114,7 @@ def create_app(
         max_tokens_cap=settings.server.max_tokens_cap,
         variants=variants,
         harnesses=harnesses,
+        limits=Limits.from_settings(settings),
     )
     local = LocalEngine(engine, serving, variants)
     svc = Services(
@@ -153,11 +167,18 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.services = svc
-    metrics.registry.register(ReadinessCollector(store, settings.reef, artifacts))
+    metrics.registry.register(
+        ReadinessCollector(
+            store, settings.reef, artifacts, scenario_labels=settings.server.scenario_labels
+        )
+    )
     errors.install(app)
+    # inside the metrics middleware: refused requests are counted too
+    app.add_middleware(BrowserGuard, allowed=allowed_hosts(settings.server), metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
     app.include_router(reef_routes.router)
     app.include_router(releases.router)
     app.include_router(engine_admin.router)
@@ -171,6 +192,7 @@ def create_app(
     for path, endpoint in (
         ("/v1/chat/completions", openai.chat_completions),
         ("/v1/messages", anthropic.messages),
+        ("/v1/responses", responses.create_response),
     ):
         app.router.routes.insert(0, _PlainRoute(path, endpoint, methods=["POST"]))
 

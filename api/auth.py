@@ -32,6 +32,9 @@ class Principal:
 
 ANONYMOUS = Principal("anonymous", admin=True)
 
+# Where a request's principal is kept once known (the error handler shows admins more).
+PRINCIPAL = "reef.principal"
+
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -58,6 +61,11 @@ class Authenticator:
         return bool(self._by_hash)
 
     def principal(self, request: Request) -> Principal:
+        principal = self._principal(request)
+        request.scope[PRINCIPAL] = principal
+        return principal
+
+    def _principal(self, request: Request) -> Principal:
         if not self._by_hash:
             return ANONYMOUS
         token = None

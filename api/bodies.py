@@ -11,15 +11,32 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from api.errors import from_validation
-from reef.errors import BadRequest, PayloadTooLarge
+from reef.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from reef.wire import ID_PATTERN
 
 M = TypeVar("M", bound=BaseModel)
 
 
+def is_json(content_type: str | None) -> bool:
+    """`application/json`, or any `+json` type, with or without parameters (charset)."""
+    if not content_type:
+        return False
+    media = content_type.partition(";")[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 past `limit` bytes (checked while reading, so a lying or
-    missing Content-Length cannot make us buffer more), 400 for anything but a JSON object."""
+    """The body as a JSON object; 415 unless it says it is JSON (a web page can send
+    text/plain to loopback without asking first, never application/json); 413 past `limit`
+    bytes (checked while reading, so a lying or missing Content-Length cannot make us buffer
+    more), 400 for anything but a JSON object."""
+    content_type = request.headers.get("content-type")
+    if not is_json(content_type):
+        raise UnsupportedMediaType(
+            f"send the body as JSON with 'Content-Type: application/json' (got "
+            f"{repr(content_type[:100]) if content_type else 'none'})"
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is {declared} bytes, above the cap of {limit} bytes")

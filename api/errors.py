@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -13,7 +16,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from api.auth import PRINCIPAL
 from reef.errors import BadRequest, ReefError
+from reef.records import new_id
 
 log = logging.getLogger("reef.api")
 
@@ -25,6 +30,8 @@ _HTTP_TYPES = {
     405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "invalid_request_error",
     422: "invalid_request_error",
 }
 
@@ -64,25 +71,63 @@ def from_validation(
     )
 
 
+_URI = re.compile(r"\b(?:file|s3)://[^\s'\"]*")
+
+
+class Redactor:
+    """Where the server keeps files, taken out of error messages for callers that are not
+    admins (a scenario-scoped token, or a request that never authenticated): file:// and s3://
+    uris, and the server's own directories (state dir, artifact root, model cache, working
+    directory)."""
+
+    def __init__(self, paths: Iterable[str | Path]):
+        absolute = {str(p) for p in paths if Path(p).is_absolute() and len(str(p)) > 1}
+        self._paths = sorted(absolute, key=len, reverse=True)  # longest (most specific) first
+
+    def __call__(self, message: str) -> str:
+        message = _URI.sub("<artifact>", message)
+        for path in self._paths:
+            message = message.replace(path, "<server>")
+        return message
+
+
+def _server_paths(app: FastAPI) -> list[Path]:
+    svc = getattr(app.state, "services", None)
+    if svc is None:
+        return [Path.cwd()]
+    settings = svc.settings
+    paths = [settings.server.state_dir, settings.engine.model_cache, Path.cwd()]
+    if "://" not in settings.artifacts_url:
+        paths.append(Path(settings.artifacts_url))
+    return [p.expanduser().resolve() for p in paths]
+
+
 def install(app: FastAPI) -> None:
     metrics = app.state.services.metrics if hasattr(app.state, "services") else None
+    redact = Redactor(_server_paths(app))
 
     def _count(err: ReefError) -> None:
         if metrics is not None:
             metrics.errors.labels(err.type, err.code or "").inc()
+
+    def _respond(err: ReefError, request: Request) -> Response:
+        principal = request.scope.get(PRINCIPAL)
+        if principal is None or not principal.admin:
+            err.message = redact(err.message)
+        return error_response(err, request)
 
     async def on_reef_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ReefError)
         if exc.status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
         _count(exc)
-        return error_response(exc, request)
+        return _respond(exc, request)
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         err = from_validation(exc, "request")
         _count(err)
-        return error_response(err, request)
+        return _respond(err, request)
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -91,11 +136,17 @@ def install(app: FastAPI) -> None:
         err.type = _HTTP_TYPES.get(exc.status_code, "server_error")
         err.code = "not_found" if exc.status_code == 404 else None
         _count(err)
-        return error_response(err, request)
+        return _respond(err, request)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        err = ReefError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+        # The exception's text can say anything (paths, values, a body): the log has it, the
+        # caller gets a reference to find it there.
+        ref = new_id("err")
+        log.exception("unhandled error %s on %s %s", ref, request.method, request.url.path)
+        err = ReefError(
+            f"internal error (reference {ref}: the server's log has the details)",
+            code="internal_error",
+        )
         _count(err)
         return error_response(err, request)
 

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from reef.settings import secret_environment, split_secrets
+
 log = logging.getLogger("reef.api")
 
 
@@ -31,13 +33,10 @@ class Evolver:
         self._proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "flows.worker",
-            "--overrides",
-            json.dumps(self.overrides, default=str),
-        ]
+        # Secret settings given as flags (--database-url may carry a password) go to the
+        # worker in its environment, which only its user can read; any user can read argv.
+        public, secret = split_secrets(self.overrides)
+        cmd = [sys.executable, "-m", "flows.worker", "--overrides", json.dumps(public, default=str)]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         env = dict(os.environ)
@@ -50,6 +49,7 @@ class Evolver:
         # A private, temporary server has nobody to send telemetry for (and its heartbeat
         # trips over SQLite's lock while the first flow starts).
         env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        env.update(secret_environment(secret))
         if self.engine_token:
             env["REEF_REEF__ENGINE_TOKEN"] = self.engine_token
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True, env=env)

@@ -28,8 +28,34 @@ _LATENCY_BUCKETS = (
 )
 
 
+class _ByScenario:
+    """A counter whose first label is the scenario, left out when /metrics may not name
+    scenarios (server.metrics_scenario_labels): call sites stay `.labels(scenario, ...)`."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: list[str],
+        registry: CollectorRegistry,
+        scenario_labels: bool,
+    ):
+        self._named = scenario_labels
+        names = ["scenario", *labels] if scenario_labels else labels
+        self.counter = Counter(name, documentation, names, registry=registry)
+
+    def labels(self, scenario: str, *rest: str) -> Any:
+        if self._named:
+            return self.counter.labels(scenario, *rest)
+        return self.counter.labels(*rest) if rest else self.counter
+
+
 class Metrics:
-    def __init__(self) -> None:
+    """The process's metrics. `scenario_labels`: whether series name their scenario (off, a
+    scrape shows totals only: scenario names are tenants' names, and /metrics is often open)."""
+
+    def __init__(self, scenario_labels: bool = True) -> None:
+        self.scenario_labels = scenario_labels
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "reef_http_requests_total",
@@ -44,23 +70,26 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.tokens = Counter(
-            "reef_tokens_total", "Tokens served", ["scenario", "kind"], registry=self.registry
+        by_scenario = scenario_labels
+        self.tokens = _ByScenario(
+            "reef_tokens_total", "Tokens served", ["kind"], self.registry, by_scenario
         )
-        self.records = Counter(
+        self.records = _ByScenario(
             "reef_records_written_total",
             "Records made durable",
-            ["scenario", "route"],
-            registry=self.registry,
+            ["route"],
+            self.registry,
+            by_scenario,
         )
-        self.idempotent_replays = Counter(
+        self.idempotent_replays = _ByScenario(
             "reef_idempotent_replays_total",
             "Requests answered with the stored record of their Idempotency-Key",
-            ["scenario", "route"],
-            registry=self.registry,
+            ["route"],
+            self.registry,
+            by_scenario,
         )
-        self.reports = Counter(
-            "reef_reports_total", "Reports stored", ["scenario"], registry=self.registry
+        self.reports = _ByScenario(
+            "reef_reports_total", "Reports stored", [], self.registry, by_scenario
         )
         self.errors = Counter(
             "reef_errors_total",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
@@ -19,10 +20,15 @@ log = logging.getLogger("reef.api")
 
 
 class ReadinessCollector(Collector):
-    """Readiness per scenario as gauges. Computing it reads every record of a scenario, so a
-    scrape never waits for it (the event loop renders /metrics): a scrape serves the last
-    computed numbers and, when they are older than `interval_s`, starts one background
-    refresh. The first scrape after start therefore shows nothing yet."""
+    """Readiness per scenario as gauges. Computing it costs a few queries per scenario (the
+    reported records and one count), so a scrape never waits for it (the event loop renders
+    /metrics): a scrape serves the last computed numbers and, when they are older than
+    `interval_s`, starts one background refresh. The first scrape after start therefore shows
+    nothing yet.
+
+    With `scenario_labels` off the gauges are totals over the scenarios (label `kind` only):
+    eligible samples, records awaiting feedback and dropped samples summed, and
+    `reef_experience_ready` counting the scenarios whose batch is ready."""
 
     def __init__(
         self,
@@ -30,11 +36,13 @@ class ReadinessCollector(Collector):
         loop: LoopSettings,
         artifacts: ArtifactStore,
         interval_s: float = 15.0,
+        scenario_labels: bool = True,
     ):
         self.store = store
         self.loop = loop
         self.artifacts = artifacts
         self.interval_s = interval_s
+        self.scenario_labels = scenario_labels
         self._lock = threading.Lock()
         self._refreshing = False
         self._at = float("-inf")
@@ -67,6 +75,9 @@ class ReadinessCollector(Collector):
         self._maybe_refresh()
         with self._lock:
             values = list(self._values)
+        if not self.scenario_labels:
+            yield from self._totals(values)
+            return
         labels = ["scenario", "kind"]
         eligible = GaugeMetricFamily(
             "reef_experience_eligible", "Samples waiting for the next batch", labels=labels
@@ -93,4 +104,40 @@ class ReadinessCollector(Collector):
             awaiting.add_metric(key, r.awaiting_feedback)
             for reason, n in sorted(r.dropped.items()):
                 dropped.add_metric([*key, reason], n)
+        yield from (eligible, batch, ready, awaiting, dropped)
+
+    def _totals(self, values: list[Readiness]) -> Iterator[GaugeMetricFamily]:
+        labels = ["kind"]
+        eligible = GaugeMetricFamily(
+            "reef_experience_eligible", "Samples waiting for a batch, all scenarios", labels=labels
+        )
+        batch = GaugeMetricFamily(
+            "reef_experience_batch_size", "Samples a batch needs (reef.batch_size)", labels=labels
+        )
+        ready = GaugeMetricFamily(
+            "reef_experience_ready",
+            "Scenarios whose eligible samples reach the batch size",
+            labels=labels,
+        )
+        awaiting = GaugeMetricFamily(
+            "reef_experience_awaiting_feedback",
+            "Records no report quotes yet, all scenarios",
+            labels=labels,
+        )
+        dropped = GaugeMetricFamily(
+            "reef_experience_dropped",
+            "Samples left out of the experience, by reason, all scenarios",
+            labels=[*labels, "reason"],
+        )
+        for kind in sorted({r.kind for r in values}):
+            of_kind = [r for r in values if r.kind == kind]
+            eligible.add_metric([kind], sum(r.eligible for r in of_kind))
+            batch.add_metric([kind], max(r.batch_size for r in of_kind))
+            ready.add_metric([kind], sum(1 for r in of_kind if r.ready))
+            awaiting.add_metric([kind], sum(r.awaiting_feedback for r in of_kind))
+            reasons: Counter[str] = Counter()
+            for r in of_kind:
+                reasons.update(r.dropped)
+            for reason, n in sorted(reasons.items()):
+                dropped.add_metric([kind, reason], n)
         yield from (eligible, batch, ready, awaiting, dropped)

@@ -95,7 +95,8 @@ def services(request: Request) -> Services:
 
 
 def check_scenario_name(name: str) -> str:
-    if not _SCENARIO.match(name):
+    # fullmatch: with match, `$` would let a trailing newline through
+    if not _SCENARIO.fullmatch(name):
         raise BadRequest(
             f"invalid scenario name '{name}': use 1-64 letters, digits, '.', '_' or '-'",
             code="invalid_scenario",

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from demo.server import Server  # noqa: E402
+from tests.traffic import report_all, traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCENARIO = "bench-evolve"
@@ -154,18 +155,22 @@ class Bench:
         return next(x for x in r.json()["data"] if x["current"])
 
     def run(self, n: int, previous: str, timeout_s: float) -> dict[str, Any]:
-        receipts = [self.call(f"Bench run {n}, question {i}: name a colour.", 8)[0] for i in
-                    range(self.batch_size)]  # fmt: skip
-        for i, rid in enumerate(receipts):
-            r = self.http.post(
-                "/reef/report",
-                json={
-                    "score": 1.0,
-                    "references": [rid],
-                    "feedback": {"correction": f"Blue, run {n} answer {i}."},
-                },
-            )
-            r.raise_for_status()
+        prompt = f"Bench run {n}, question {{i}}: name a colour."
+        receipts = traffic(
+            self.server,
+            SCENARIO,
+            self.batch_size,
+            prompt=prompt,
+            model=self.model,
+            max_tokens=8,
+            temperature=0,
+        )
+        report_all(
+            self.server,
+            SCENARIO,
+            receipts,
+            lambda i, rid: {"score": 1.0, "feedback": {"correction": f"Blue, run {n} answer {i}."}},
+        )
         t_report, m_report = time.time(), time.monotonic()
         polls = 0
         deadline = m_report + timeout_s

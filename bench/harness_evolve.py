@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from demo.server import REEF, Server  # noqa: E402
+from tests.traffic import traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 S = "bench-harness"
@@ -92,25 +92,19 @@ def main() -> int:
         srv = Server(Path(tmp) / "state", args.model, config).start()
         try:
             srv.wait_for_log("evolve worker ready", 300)
-            client = openai.OpenAI(
-                base_url=f"{srv.url}/v1", api_key="none", default_headers={"x-reef-scenario": S}
+            traffic(
+                srv,
+                S,
+                args.questions,
+                prompt=lambda i: f"What is the capital of {CAPITALS[i][0]}?",
+                report=lambda i, rid: {
+                    "score": 0.0,
+                    "feedback": {"text": "Only the city, please.", "correction": CAPITALS[i][1]},
+                },
+                model=args.model,
+                max_tokens=16,
+                temperature=0,
             )
-            for country, city in CAPITALS[: args.questions]:
-                raw = client.chat.completions.with_raw_response.create(
-                    model=args.model,
-                    messages=[{"role": "user", "content": f"What is the capital of {country}?"}],
-                    max_tokens=16,
-                    temperature=0,
-                )
-                httpx.post(
-                    f"{srv.url}/reef/report",
-                    json={
-                        "references": [raw.headers["x-reef-agent-record-id"]],
-                        "score": 0.0,
-                        "feedback": {"text": "Only the city, please.", "correction": city},
-                    },
-                    headers={"x-reef-scenario": S},
-                ).raise_for_status()
 
             first = _job(srv, ASK)
             second = _job(srv, "Do not write a full sentence: name the city.")

@@ -1,6 +1,7 @@
 """The `reef` command: `reef serve` starts the API with its engine; `reef token` makes a token;
 `reef export` writes a scenario's experience to a file; `reef evolve` runs the evolve flow;
-`reef releases|rollback|promote` call a running server's admin routes."""
+`reef releases|rollback|promote` call a running server's admin routes; `reef gc` finishes
+scenario deletions."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reef.errors import ConfigError, ReefError
-from reef.settings import load_settings
+from reef.settings import conceal, load_settings
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,11 +91,43 @@ def evolve(args: argparse.Namespace) -> int:
     if args.force:
         from flows.evolve import evolve as flow
 
-        result = flow(args.scenario, config=config, overrides=overrides, force=True)
+        # secrets reach the in-process flow as SecretStr: Prefect stores them masked
+        result = flow(args.scenario, config=config, overrides=conceal(overrides), force=True)
     else:
         result = run_once(settings, args.scenario, config, overrides)
     print(json.dumps(result, indent=2, default=str))
     return 0 if result.get("status") not in ("failed",) else 1
+
+
+def gc(args: argparse.Namespace) -> int:
+    """Finish scenario deletions: remove what deleted scenarios left in the artifact store and
+    MLflow (their tombstones say which); what fails stays pending for the next run."""
+    from reef.artifacts import artifacts_for
+    from reef.deletion import collect_garbage
+    from reef.store.sql import open_store
+
+    settings = load_settings(args.config, **_overrides(args))
+    store = open_store(settings.database_url)
+    try:
+        results = collect_garbage(store, settings, artifacts_for(settings))
+    finally:
+        store.close()
+    if not results:
+        print("reef gc: no deleted scenario left anything behind")
+    for r in results:
+        if not r.done:
+            print(f"reef gc: {r.scenario}: not finished, run again: {r.error}")
+        elif r.note:
+            print(f"reef gc: {r.scenario}: {r.note}")
+        else:
+            m = r.mlflow
+            mlflow = (
+                f"{m.model_versions} model versions, {m.runs} runs, {m.logged_models} logged models"
+                if m
+                else "nothing"
+            )
+            print(f"reef gc: {r.scenario}: removed {r.artifacts} artifact keys; MLflow: {mlflow}")
+    return 0 if all(r.done for r in results) else 1
 
 
 def _admin_call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
@@ -187,6 +220,14 @@ def parser() -> argparse.ArgumentParser:
         r.add_argument("--url", help="the reef server (default: from the settings)")
         r.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
         r.set_defaults(func=releases if name == "releases" else move_head)
+
+    c = sub.add_parser(
+        "gc", help="finish scenario deletions: remove their files and MLflow entries"
+    )
+    c.add_argument("-c", "--config", type=Path, help="YAML settings file (as for reef serve)")
+    c.add_argument("--state-dir", type=Path, help="state directory (default ./.reef)")
+    c.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
+    c.set_defaults(func=gc)
 
     o = sub.add_parser("openapi", help="print the HTTP API's OpenAPI spec")
     o.add_argument("-o", "--output", help="write to this file instead of stdout")

@@ -22,11 +22,13 @@ def build_engine(settings: Settings) -> Engine:
     if cfg.kind == "upstream":
         from reef.engines.upstream import UpstreamEngine
 
-        return UpstreamEngine.from_settings(cfg)
+        return UpstreamEngine.from_settings(cfg, default_max_tokens=settings.default_max_tokens)
     if cfg.kind == "vllm":
         from reef.engines.vllm import VllmEngine
 
-        return VllmEngine.from_config(cfg, settings.server.state_dir)
+        return VllmEngine.from_config(
+            cfg, settings.server.state_dir, default_max_tokens=settings.default_max_tokens
+        )
     from reef.engines.embedded import EmbeddedEngine
     from reef.models import model_id, resolve_model
 
@@ -34,7 +36,7 @@ def build_engine(settings: Settings) -> Engine:
         resolve_model(cfg.model, cfg.model_cache),
         model_id(cfg.model),
         max_batch_size=cfg.max_batch_size,
-        default_max_tokens=cfg.default_max_tokens,
+        default_max_tokens=settings.default_max_tokens,
         threads=cfg.threads,
     )
 

@@ -1,5 +1,6 @@
-"""`reef serve` as a subprocess for the demo and the evolve benchmark: config file, free port,
-its own state directory, the evolve worker on, the log in a file that can be followed."""
+"""`reef serve` as a subprocess, for the demo, the benchmarks and the tests that need the process
+boundary: a free loopback port, its own state directory and process group, the log in a file
+that can be followed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +26,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Server:
-    """One `reef serve --model MODEL -c <state>/serve.yaml` with the automatic evolve worker."""
+def wait_ready(url: str, timeout_s: float, gone: Callable[[], str | None]) -> None:
+    """Poll `url`/readyz until it answers 200. `gone()` says why the server is no more (None
+    while it runs); that, or `timeout_s` passing, raises."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (why := gone()) is not None:
+            raise RuntimeError(why)
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
+
+
+class ReefProcess:
+    """`reef serve ARGS --port P --state-dir S`; `base_url` is what the openai SDK takes. The
+    evolve worker runs when the settings say so (`REEF_REEF__AUTO` in `env`, or the config).
+    `env` adds to this process's environment; a None value removes the variable."""
 
     def __init__(
         self,
         state_dir: Path,
-        model: str,
-        config: dict[str, Any],
-        env: dict[str, str] | None = None,
+        *args: str,
+        port: int | None = None,
+        env: dict[str, str | None] | None = None,
+        log_name: str | None = None,
     ):
         self.state_dir = state_dir.resolve()
+        self.port = port or free_port()
+        self.args = ["serve", "--port", str(self.port), "--state-dir", str(self.state_dir), *args]
         self.env = env or {}
-        self.model = model
-        self.port = free_port()
-        self.config_path = self.state_dir / "serve.yaml"
-        self.config = config
-        self.log_path = self.state_dir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.state_dir / (log_name or f"server-{self.port}.log")
         self._log_offset = 0
 
     @property
@@ -49,44 +68,44 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
     def tracking_uri(self) -> str:
         return f"sqlite:///{self.state_dir / 'mlflow.db'}"
 
-    def start(self, timeout_s: float = 300.0) -> Server:
+    def start(self, timeout_s: float = 300.0) -> ReefProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        cmd = [
-            REEF, "serve", "-c", str(self.config_path), "--model", self.model,
-            "--port", str(self.port), "--state-dir", str(self.state_dir),
-        ]  # fmt: skip
-        env = {
+        merged: dict[str, str | None] = {
             **os.environ,
-            "REEF_REEF__AUTO": "true",
             "PYTHONUNBUFFERED": "1",
             # The worker's temporary Prefect server: its telemetry heartbeat only adds writes
             # (and "database is locked" tracebacks) to a SQLite file the flow runs also use.
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             **self.env,
         }
+        env = {k: v for k, v in merged.items() if v is not None}
         log = self.log_path.open("ab")
-        # Own process group: stopping the demo stops the server and its evolve worker.
+        # Own process group: stopping the server stops its evolve worker too.
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [REEF, *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"reef serve exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
-                )
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"reef serve not ready after {timeout_s:.0f}s:\n{self.log()[-4000:]}")
+        try:
+            wait_ready(self.url, timeout_s, self._gone)
+        except TimeoutError as e:
+            self.stop()
+            raise RuntimeError(f"reef serve: {e}:\n{self.log()[-4000:]}") from None
+        return self
+
+    def _gone(self) -> str | None:
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"reef serve exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
 
     def wait_for_log(self, text: str, timeout_s: float = 300.0) -> float:
         """Seconds until `text` appears in the server's log (the worker logs there too)."""
@@ -113,6 +132,13 @@ class Server:
         self._log_offset += end
         return data[:end].decode(errors="replace").splitlines()
 
+    def kill(self) -> None:
+        """SIGKILL to the whole group: no shutdown hooks run, as in a crash."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
     def stop(self, timeout_s: float = 30.0) -> None:
         proc = self.proc
         if proc is None or proc.poll() is not None:
@@ -121,11 +147,35 @@ class Server:
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            self.kill()
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> ReefProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Server(ReefProcess):
+    """One `reef serve --model MODEL -c <state>/serve.yaml` with the automatic evolve worker."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        model: str,
+        config: dict[str, Any],
+        env: dict[str, str] | None = None,
+    ):
+        state_dir = state_dir.resolve()
+        self.model = model
+        self.config = config
+        self.config_path = state_dir / "serve.yaml"
+        args = ("-c", str(self.config_path), "--model", model)
+        env = {"REEF_REEF__AUTO": "true", **(env or {})}
+        super().__init__(state_dir, *args, env=env, log_name="server.log")
+
+    def start(self, timeout_s: float = 300.0) -> Server:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        super().start(timeout_s)
+        return self

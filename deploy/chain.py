@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from pathlib import Path
+from typing import Any
 
 from deploy.candidates import (
     harness_candidate,
@@ -34,10 +36,10 @@ from deploy.engine import EngineAdmin, EngineTarget
 from deploy.release import deploy
 from reef import registry
 from reef.artifacts import ArtifactStore, artifacts_for
-from reef.errors import BadRequest, Conflict, ReefError
+from reef.errors import BadRequest, Conflict, NotFound, ReefError
 from reef.gate import Decision
 from reef.harness import Harness, HarnessCache, adds_executable
-from reef.records import Candidate, Release
+from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
 from reef.store.base import Store
 from reef.store.sql import open_store
@@ -167,25 +169,64 @@ class ReleaseChain:
         return self.store.add_candidate(candidate)
 
     # moving the head ----------------------------------------------------------------------
-    def publish(self, candidate: Candidate, operation: str | None = None) -> Release:
-        """Deploy a pending candidate as the head; it is "published" after, "failed" (with the
-        reason) when the deploy fails."""
-        try:
-            release = self._deploy(candidate.release(operation))
-            self.store.set_candidate_status(
-                candidate.scenario, candidate.id, "published", expected=candidate.status
-            )
-            return release
-        except ReefError as e:
-            with contextlib.suppress(ReefError):  # a promote may have claimed it meanwhile
-                self.store.set_candidate_status(
-                    candidate.scenario,
-                    candidate.id,
-                    "failed",
-                    expected="pending",
-                    message=e.message,
+    def publish(
+        self,
+        candidate: Candidate,
+        operation: str | None = None,
+        *,
+        approval: dict[str, Any] | None = None,
+        attempts: int = 1,
+        retry_delay_s: float = 5.0,
+    ) -> Release:
+        """Deploy a pending candidate as the head, exactly once.
+
+        Idempotent per candidate: when its release is already on the chain (an earlier attempt
+        moved the head and stopped before its status was written), this finishes the job
+        (status "published", the MLflow alias) instead of deploying again. A candidate that
+        failed or was rejected is never published. A failed attempt whose error may pass
+        (the engine unreachable or failing, 5xx, anything not a ReefError) is retried up to
+        `attempts` times in all; the candidate is marked "failed" only when the last attempt
+        fails, or at once for an error that will not pass (4xx: the head moved, a misfit).
+        `approval` (who approved a held candidate, and how) is recorded on the release."""
+        scenario = candidate.scenario
+        for attempt in range(1, attempts + 1):
+            current = self.store.get_candidate(scenario, candidate.id)
+            done = self._on_chain(scenario, candidate.id)
+            if done is not None:
+                return self._finish(current, done)
+            if current.status != "pending":
+                raise Conflict(
+                    f"candidate {candidate.id} is {current.status}: it is not published",
+                    code="candidate_status",
                 )
-            raise
+            try:
+                release = current.release(operation)
+                if approval is not None:
+                    release = dataclasses.replace(
+                        release, metadata={**release.metadata, "approval": approval}
+                    )
+                release = self._deploy(release)
+                return self._finish(current, release, redo=False)
+            except Exception as e:
+                final = attempt == attempts or (isinstance(e, ReefError) and e.status < 500)
+                message = e.message if isinstance(e, ReefError) else f"{type(e).__name__}: {e}"
+                if not final:
+                    log.warning(
+                        "deploying %s failed (attempt %d of %d), retrying: %s",
+                        candidate.id,
+                        attempt,
+                        attempts,
+                        message,
+                    )
+                    time.sleep(retry_delay_s)
+                    continue
+                if self._on_chain(scenario, candidate.id) is None:
+                    with contextlib.suppress(ReefError):  # a promote may have claimed it
+                        self.store.set_candidate_status(
+                            scenario, candidate.id, "failed", expected="pending", message=message
+                        )
+                raise
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def reject(self, candidate: Candidate, note: str) -> Candidate:
         """A pending candidate declined (a human's no, or the approval timed out)."""
@@ -214,27 +255,36 @@ class ReleaseChain:
         self._check_deployable(release)
         return self._deploy(self._mirrored(release))
 
-    def promote(self, scenario: str, candidate_id: str) -> Release:
-        """Publish a pending candidate (held by the manual gate or for review) on today's head."""
+    def promote(self, scenario: str, candidate_id: str, *, by: str) -> Release:
+        """Publish a pending candidate (held by the manual gate or for review) on today's head,
+        approved by `by` (a Reef admin token's name, recorded on the release). A promote that
+        moved the head but stopped before the candidate's status was written is finished by
+        the next one; promoting a published candidate again is a Conflict."""
         cand = self.store.get_candidate(scenario, candidate_id)
+        done = self._on_chain(scenario, cand.id)
+        if done is not None and cand.status == "pending":
+            return self._finish(cand, done)
         if cand.status != "pending":
             raise Conflict(
                 f"candidate {cand.id} is {cand.status}, not pending", code="candidate_status"
             )
         release = promoted(cand, self.store.head_release(scenario))
+        approval = {"by": by, "via": "reef", "at": utcnow().isoformat()}
+        release = dataclasses.replace(release, metadata={**release.metadata, "approval": approval})
         self._check_deployable(release)
         # claim the candidate first: a concurrent promote (or the paused flow) gets 409
         self.store.set_candidate_status(scenario, cand.id, "published", expected="pending")
         try:
             return self._deploy(release)
         except Exception as e:
-            self.store.set_candidate_status(
-                scenario,
-                cand.id,
-                "pending",
-                expected="published",
-                message=f"promote failed: {e}",
-            )
+            if self._on_chain(scenario, cand.id) is None:  # the head did not move: try again
+                self.store.set_candidate_status(
+                    scenario,
+                    cand.id,
+                    "pending",
+                    expected="published",
+                    message=f"promote failed: {e}",
+                )
             raise
 
     def release_harness(self, scenario: str, harness: Harness) -> Release | Candidate:
@@ -258,6 +308,29 @@ class ReleaseChain:
         return self._deploy(release, model_uri=model_uri)
 
     # steps --------------------------------------------------------------------------------
+    def _on_chain(self, scenario: str, release_id: str) -> Release | None:
+        try:
+            return self.store.get_release(scenario, release_id)
+        except NotFound:
+            return None
+
+    def _finish(self, candidate: Candidate, release: Release, *, redo: bool = True) -> Release:
+        """What follows a candidate's compare-and-swap, safe to redo: its status, and (`redo`,
+        when an earlier attempt stopped after the swap) the MLflow alias and the engine's
+        refresh while it is still the head."""
+        if candidate.status != "published":
+            with contextlib.suppress(Conflict):  # a concurrent finisher wrote it first
+                self.store.set_candidate_status(
+                    candidate.scenario, candidate.id, "published", expected=candidate.status
+                )
+        if redo and self.store.head_release(release.scenario).id == release.id:
+            if release.model_uri:
+                registry.set_champion(
+                    self.settings.tracking_uri, release.scenario, release.model_uri
+                )
+            self.engine.refresh(release.scenario)
+        return release
+
     def _check_deployable(self, release: Release) -> None:
         """Before anything is registered: an engine that cannot load releases (upstream) serves
         base releases only, with or without a harness."""

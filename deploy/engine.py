@@ -63,11 +63,20 @@ class EngineAdmin:
 
     def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         """One admin call; DeployError (with the server's message) for a transport error or
-        an error status."""
-        try:
-            r = self._client.request(method, path, json=body)
-        except httpx.HTTPError as e:
-            raise DeployError(f"engine at {self.base_url} unreachable: {e}") from None
+        an error status.
+
+        A kept-alive connection the server closed meanwhile (it does after answering a 500)
+        fails before the server reads the request: that one is sent again, once, on a new
+        connection. The admin calls are safe to repeat (a name is never loaded twice)."""
+        for attempt in (1, 2):
+            try:
+                r = self._client.request(method, path, json=body)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                if attempt == 2:
+                    raise DeployError(f"engine at {self.base_url} unreachable: {e}") from None
+            except httpx.HTTPError as e:
+                raise DeployError(f"engine at {self.base_url} unreachable: {e}") from None
         return self._answer(r, path)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

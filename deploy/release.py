@@ -1,9 +1,11 @@
 """Deploy a release: stage it in the engine, verify it, then move the head by compare-and-swap.
 
 The head is what a scenario serves, so it moves only after the engine holds the release and a
-smoke generation on it succeeded. If loading or verifying fails, or another publisher moved
-the head first (HeadMoved, 409), the staged variant is unloaded and the head stays where it
-was. Afterwards, variants of the scenario outside the keep window are unloaded.
+smoke generation on it succeeded. If loading or verifying fails (a ReefError, or anything else:
+torch, the OS), or another publisher moved the head first (HeadMoved, 409), the staged variant
+is unloaded and the head stays where it was. Once the head has moved, the rest (refreshing the
+scenario, the MLflow mirror, unloading variants outside the keep window) can be redone, so a
+failure there is logged and never fails the deploy.
 """
 
 from __future__ import annotations
@@ -37,27 +39,31 @@ def deploy(
     timings: dict[str, Any] = {}
     release = _keep_harness(store, release)
     name = variant_name(release.scenario, release.weights_id)
-    staged = False  # whether this deploy loaded the variant (and must unload it on failure)
     started = time.monotonic()
-    if release.kind != "base":
-        if not release.uri:
-            raise ReefError(f"release {release.id} has no files to deploy")
-        # a release that changed only the harness serves weights the engine may hold already
-        staged = engine.load(name, release.kind, release.uri).get("loaded", True) is not False
-        timings["load_s"] = round(time.monotonic() - started, 3)
-        try:
-            timings["verify"] = engine.verify(name)
-        except ReefError:
-            if staged:
-                _unstage(engine, name)
-            raise
+    # Whether this deploy loaded the variant, and so must unload it on failure. A release that
+    # changed only the harness serves weights the engine may hold (and serve) already.
+    staged = False
     try:
+        if release.kind != "base":
+            if not release.uri:
+                raise ReefError(f"release {release.id} has no files to deploy")
+            held = name in engine.variants()
+            staged = not held
+            loaded = engine.load(name, release.kind, release.uri)
+            staged = not held and loaded.get("loaded", True) is not False
+            timings["load_s"] = round(time.monotonic() - started, 3)
+            timings["verify"] = engine.verify(name)
         published = store.publish_release(release)
-    except ReefError:
+    except BaseException:  # any failure before the head moved (torch, OS, a kill) unstages
         if staged:
             _unstage(engine, name)
         raise
-    engine.refresh(release.scenario)
+    # The head has moved: what follows can be redone, so it never fails the deploy.
+    try:
+        engine.refresh(release.scenario)
+    except Exception as e:
+        log.warning("refreshing %s after release %s failed: %s", release.scenario, published.id, e)
+        timings["refresh_error"] = str(e)
     timings["deploy_s"] = round(time.monotonic() - started, 3)
     if mirror is not None:
         try:
@@ -65,7 +71,10 @@ def deploy(
         except Exception as e:  # the chain is the truth; the mirror can be redone
             log.warning("mirroring release %s to MLflow failed: %s", published.id, e)
             timings["mirror_error"] = str(e)
-    retire(store, engine, release.scenario, keep)
+    try:
+        retire(store, engine, release.scenario, keep)
+    except Exception as e:
+        log.warning("retiring old variants of %s failed: %s", release.scenario, e)
     return published, timings
 
 
@@ -79,7 +88,7 @@ def retire(store: Store, engine: EngineTarget, scenario: str, keep: int) -> list
             try:
                 engine.unload(name)
                 gone.append(name)
-            except ReefError as e:
+            except Exception as e:
                 log.warning("unloading %s failed: %s", name, e)
     return gone
 
@@ -99,5 +108,5 @@ def _keep_harness(store: Store, release: Release) -> Release:
 def _unstage(engine: EngineTarget, name: str) -> None:
     try:
         engine.unload(name)
-    except ReefError as e:
+    except Exception as e:
         log.warning("unloading staged %s failed: %s", name, e)

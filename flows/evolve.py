@@ -45,7 +45,7 @@ def evolve(
     import mlflow
 
     from reef import registry
-    from reef.tracking import log_snapshot_input
+    from reef.tracking import log_snapshot_input, public_params
 
     logger = get_run_logger()
     settings = load_settings(config, **(overrides or {}))
@@ -100,17 +100,19 @@ def evolve(
         mlflow.start_run(experiment_id=experiment, run_name=f"evolve-{recipe.name}") as run,
     ):
         mlflow.log_params(
-            {
-                "scenario": scenario,
-                "recipe": loop.recipe,
-                "batch_size": loop.batch_size,
-                "max_staleness": loop.max_staleness,
-                "head_release_id": head.id,
-                "train_rows": len(train_rows),
-                "held_out_rows": len(held_out),
-                **{f"gate.{k}": v for k, v in settings.gate.model_dump().items()},
-                **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
-            }
+            public_params(
+                {
+                    "scenario": scenario,
+                    "recipe": loop.recipe,
+                    "batch_size": loop.batch_size,
+                    "max_staleness": loop.max_staleness,
+                    "head_release_id": head.id,
+                    "train_rows": len(train_rows),
+                    "held_out_rows": len(held_out),
+                    **{f"gate.{k}": v for k, v in settings.gate.model_dump().items()},
+                    **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
+                }
+            )
         )
         log_snapshot_input(snapshot, context="training")
         run_id = run.info.run_id

@@ -79,22 +79,34 @@ def consume(
 def materialize_experience(
     scenario: str,
     kind: str,
-    database_url: str,
-    artifacts_url: str,
-    tracking_uri: str,
+    database_url: str | None = None,
+    artifacts_url: str | None = None,
+    tracking_uri: str | None = None,
     max_staleness: int | None = 0,
     recipe: str | None = None,
     max_context: int | None = None,
     artifacts_endpoint_url: str | None = None,
     context: str = "training",
+    config: str | None = None,
 ) -> dict[str, Any]:
     """Materialize and validate a scenario's experience inside an MLflow run of experiment
     "reef/<scenario>"; the snapshot becomes the run's dataset input only once it passed its
-    contract (a violation fails the run and the flow). Returns the snapshot's uri and hash."""
+    contract (a violation fails the run and the flow). Returns the snapshot's uri and hash.
+
+    URLs left out come from the settings where the flow runs (`config`, a YAML file, and the
+    REEF_* environment): leave `database_url` out when it carries a password, since a flow
+    run's parameters are stored and shown in the Prefect UI."""
     import mlflow
 
-    from reef.tracking import log_snapshot_input
+    from reef.settings import load_settings
+    from reef.tracking import log_snapshot_input, public_params
 
+    if database_url is None or artifacts_url is None or tracking_uri is None:
+        settings = load_settings(config)
+        database_url = database_url or settings.database_url
+        artifacts_url = artifacts_url or settings.artifacts_url
+        tracking_uri = tracking_uri or settings.tracking_uri
+        artifacts_endpoint_url = artifacts_endpoint_url or settings.artifacts.s3_endpoint_url
     recipe = recipe or _recipe_for(kind)
     snapshot, experience = materialize_snapshot(
         database_url,
@@ -109,15 +121,17 @@ def materialize_experience(
     mlflow.set_experiment(f"reef/{scenario}")
     with mlflow.start_run(run_name=f"materialize-{kind}") as run:
         mlflow.log_params(
-            {
-                "scenario": scenario,
-                "kind": kind,
-                "recipe": recipe,
-                "max_staleness": max_staleness,
-                "max_context": max_context,
-                "snapshot_uri": snapshot.uri,
-                "content_hash": snapshot.content_hash,
-            }
+            public_params(
+                {
+                    "scenario": scenario,
+                    "kind": kind,
+                    "recipe": recipe,
+                    "max_staleness": max_staleness,
+                    "max_context": max_context,
+                    "snapshot_uri": snapshot.uri,
+                    "content_hash": snapshot.content_hash,
+                }
+            )
         )
         mlflow.log_metrics(
             {

@@ -33,6 +33,7 @@ from reef.recipe import recipe_class
 from reef.records import Release
 from reef.settings import Settings, load_settings
 from reef.store.sql import open_store
+from reef.tracking import public_params
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +78,15 @@ def instruct(
             mlflow.start_run(experiment_id=experiment, run_name="instruct") as run,
         ):
             mlflow.log_params(
-                {
-                    "scenario": scenario,
-                    "job_id": job_id,
-                    "ask": ask[:500],
-                    "head_release_id": head.id,
-                    **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
-                }
+                public_params(
+                    {
+                        "scenario": scenario,
+                        "job_id": job_id,
+                        "ask": ask[:500],
+                        "head_release_id": head.id,
+                        **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
+                    }
+                )
             )
             step("proposing", head_release_id=head.id, mode=p.instruct_mode)
             admin = EngineAdmin.for_settings(settings)

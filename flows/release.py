@@ -7,10 +7,13 @@ its admin routes.
 - `register_weights` / `register_harness`: the candidate's files in the artifact store, a
   model version of `reef-<scenario>` in MLflow with the gate's result, a candidates row.
 - `release`: what the gate's verdict means for the candidate. Rejected: tagged so in MLflow.
-  Pending (`manual` gate): the flow pauses for input (approve it in the Prefect UI), and a
-  watcher resumes it when someone sets the tag `reef.approval` = approved|rejected on the
-  candidate's MLflow model version, or promotes it through Reef. Accepted or approved: `deploy`
-  stages, verifies and moves the head by compare-and-swap.
+  Pending (`manual` gate) weights: the flow pauses for input (approve it in the Prefect UI,
+  naming yourself), and a watcher resumes it when someone sets the tag `reef.approval` =
+  approved|rejected (and `reef.approved_by`) on the candidate's MLflow model version, or
+  promotes it through Reef. Who approved, and how, is recorded on the release. A pending
+  harness candidate is never approved that way: it waits for an admin's promote through Reef
+  (its files may run on clients). Accepted or approved: `deploy` stages, verifies and moves
+  the head by compare-and-swap.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from prefect.cache_policies import NO_CACHE
 from deploy.chain import ReleaseChain
 from reef.gate import Decision, GatePolicy, decide
 from reef.harness import Harness
-from reef.records import Candidate, Release
+from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
 
 log = logging.getLogger(__name__)
+
+DEPLOY_ATTEMPTS = 3  # a deploy whose engine failed transiently is tried this often in all
 
 
 @task(retries=0, cache_policy=NO_CACHE)
@@ -109,11 +114,16 @@ def register_harness(
         )
 
 
-@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def deploy(settings: Settings, candidate: Candidate, operation: str | None = None) -> Release:
-    """Stage + verify in the serving engine, then move the head (CAS) and the MLflow alias."""
+# Retried inside the chain, not by Prefect: only the chain knows whether an attempt moved the
+# head, so only it can make a retry finish the job instead of publishing twice.
+@task(retries=0, cache_policy=NO_CACHE)
+def deploy(
+    settings: Settings, candidate: Candidate, approval: dict[str, Any] | None = None
+) -> Release:
+    """Stage + verify in the serving engine, then move the head (CAS) and the MLflow alias;
+    exactly once per candidate (deploy.chain.ReleaseChain.publish)."""
     with ReleaseChain.for_settings(settings) as chain:
-        release = chain.publish(candidate, operation)
+        release = chain.publish(candidate, approval=approval, attempts=DEPLOY_ATTEMPTS)
     get_run_logger().info(
         "release %s (seq %d) is the head of %s", release.id, release.seq, release.scenario
     )
@@ -134,22 +144,31 @@ def release(
         with ReleaseChain.for_settings(settings) as chain:
             chain.mark(candidate, "rejected")
         return {"status": candidate.status}
+    approval = None
+    if decision.status == "pending" and candidate.operation == "harness":
+        # Only an admin's promote through Reef releases a harness: not a tag, not a resume.
+        consumed()
+        logger.info("candidate %s waits for review: promote it through Reef", candidate.id)
+        return {"status": "pending"}
     if decision.status == "pending":
-        approved, note = wait_for_approval(settings, candidate)
+        approved, note, approval = wait_for_approval(settings, candidate)
         logger.info("candidate %s: %s", candidate.id, note)
         mlflow.set_tag("reef.approval", note)
         if not approved:
             consumed()
             with ReleaseChain.for_settings(settings) as chain:
                 return {"status": chain.reject(candidate, note).status}
-    published = deploy(settings, replace(candidate, status="pending"))
+    published = deploy(settings, candidate, approval)
     consumed()
     mlflow.set_tag("reef.release_id", published.id)
     return {"status": "published", "release_id": published.id, "seq": published.seq}
 
 
-def wait_for_approval(settings: Settings, candidate: Candidate) -> tuple[bool, str]:
-    """Pause the flow run for input; a watcher resumes it on an MLflow tag or a promote."""
+def wait_for_approval(
+    settings: Settings, candidate: Candidate
+) -> tuple[bool, str, dict[str, Any] | None]:
+    """Pause the flow run for input; a watcher resumes it on an MLflow tag or a promote.
+    Returns the decision, a note, and for an approval, who approved it and how."""
     from prefect.context import FlowRunContext
     from prefect.flow_runs import pause_flow_run, resume_flow_run
     from prefect.input import RunInput
@@ -159,7 +178,9 @@ def wait_for_approval(settings: Settings, candidate: Candidate) -> tuple[bool, s
 
     class Approval(RunInput):
         approve: bool
+        approver: str = ""  # who decides (recorded on the release)
         note: str = ""
+        via: str = "prefect"
 
     ctx = FlowRunContext.get()
     assert ctx is not None and ctx.flow_run is not None
@@ -169,7 +190,7 @@ def wait_for_approval(settings: Settings, candidate: Candidate) -> tuple[bool, s
     def watch() -> None:
         while not stop.wait(2.0):
             try:
-                tag = registry.approval(settings.tracking_uri, candidate.model_uri or "")
+                tag, by = registry.approval_by(settings.tracking_uri, candidate.model_uri or "")
                 store = open_store(settings.database_url)
                 try:
                     status = store.get_candidate(candidate.scenario, candidate.id).status
@@ -182,7 +203,12 @@ def wait_for_approval(settings: Settings, candidate: Candidate) -> tuple[bool, s
             if status != "pending":
                 answer = {"approve": False, "note": f"candidate is {status} (decided in Reef)"}
             elif tag in ("approved", "rejected"):
-                answer = {"approve": tag == "approved", "note": f"MLflow tag reef.approval={tag}"}
+                answer = {
+                    "approve": tag == "approved",
+                    "approver": by or "",
+                    "note": f"MLflow tag reef.approval={tag}",
+                    "via": "mlflow",
+                }
             if answer is not None:
                 resume_flow_run(flow_run_id, run_input=answer)
                 return
@@ -198,4 +224,8 @@ def wait_for_approval(settings: Settings, candidate: Candidate) -> tuple[bool, s
         )
     finally:
         stop.set()
-    return bool(got.approve), got.note or ("approved in Prefect" if got.approve else "rejected")
+    note = got.note or ("approved in Prefect" if got.approve else "rejected")
+    if not got.approve:
+        return False, note, None
+    approval = {"by": got.approver or "unnamed", "via": got.via, "at": utcnow().isoformat()}
+    return True, note, approval

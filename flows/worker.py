@@ -6,7 +6,12 @@ scenario whose eligible samples reach `batch_size` starts the evolve flow: in th
 no Prefect server is configured (Prefect's temporary server starts once, at the first run), or
 as a run of the `evolve/evolve` deployment when PREFECT_API_URL points at a server (a Prefect
 worker of the deployment's work pool then runs it). With `reef.schedule_s` it also checks every
-scenario on that interval.
+scenario on that interval. Users' jobs (POST /reef/train) run the instruct flow the same way.
+
+Each run has a thread of its own, one per scenario (or job) at a time: a run that waits, such
+as a manual gate's candidate waiting for approval, never holds up another scenario's evolve
+run or a user's job. A scenario reported on while its run is in progress is looked at again
+when that run ends.
 
     python -m flows.worker [--config cfg.yaml] [--overrides JSON]
 """
@@ -14,16 +19,18 @@ scenario on that interval.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reef.errors import ReefError
-from reef.settings import Settings, load_settings
+from reef.settings import Settings, conceal, load_settings, split_secrets
 
 log = logging.getLogger("reef.worker")
 
@@ -65,13 +72,26 @@ def run_once(
         where = str(Path(config).resolve()) if config else None
         run: Any = run_deployment(
             DEPLOYMENT,
-            parameters={"scenario": scenario, "config": where, "overrides": overrides},
+            parameters={"scenario": scenario, "config": where, "overrides": _public(overrides)},
             timeout=0,  # submit; the deployment's worker runs it
         )
         return {"status": "submitted", "flow_run_id": str(run.id)}
     from flows.evolve import evolve
 
-    return evolve(scenario, config=config, overrides=overrides)
+    return evolve(scenario, config=config, overrides=conceal(overrides))
+
+
+def _public(overrides: dict[str, Any]) -> dict[str, Any]:
+    """What a deployment run may be told: never a secret setting (a Prefect parameter is stored
+    and shown in the UI). The run finds those where it runs: its settings file or REEF_* env."""
+    public, secret = split_secrets(overrides)
+    if secret:
+        log.info(
+            "secret settings (%s) are not sent to the deployment run: its worker's settings "
+            "file or REEF_* environment provides them",
+            ", ".join(f"{s}.{k}" for s, keys in secret.items() for k in keys),
+        )
+    return public
 
 
 def run_job(
@@ -88,14 +108,14 @@ def run_job(
                 "scenario": scenario,
                 "job_id": job_id,
                 "config": where,
-                "overrides": overrides,
+                "overrides": _public(overrides),
             },
             timeout=0,
         )
         return {"status": "submitted", "flow_run_id": str(run.id)}
     from flows.instruct import instruct
 
-    return instruct(scenario, job_id, config=config, overrides=overrides)
+    return instruct(scenario, job_id, config=config, overrides=conceal(overrides))
 
 
 def _preload() -> None:
@@ -148,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     # With an upstream engine and a weights recipe there is nothing to train: user jobs only.
     evolving = evolves_with(settings.engine.kind, settings.reef.recipe)
     pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-    submitted: dict[str, str] = {}  # scenario -> its deployment run still owning a batch
+    # scenario -> its deployment run still owning a batch (written by the run threads)
+    submitted: dict[str, str] = {}
 
     def read_stdin() -> None:
         for line in sys.stdin:
@@ -167,36 +188,30 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "evolve worker ready (recipe %s, batch %d)", settings.reef.recipe, settings.reef.batch_size
     )
+    runs = Runs()
     while True:
         try:
             name = pending.get(timeout=settings.reef.schedule_s)
         except queue.Empty:
             name = "*"  # the schedule: look at every scenario
         if name is None:
+            runs.join()
             return 0
         names = {name}
-        jobs: list[tuple[str, str]] = []
         while True:  # coalesce a burst of reports into one check per scenario
             try:
                 more = pending.get_nowait()
             except queue.Empty:
                 break
             if more is None:
+                runs.join()
                 return 0
             names.add(more)
         for line in sorted(n for n in names if n.startswith(JOB_PREFIX)):
             names.discard(line)
             _, scenario, job_id = line.split()
-            jobs.append((scenario, job_id))
-        for scenario, job_id in jobs:  # users wait on these: before any evolve run
-            try:
-                log.info("%s: job %s", scenario, job_id)
-                result = run_job(settings, scenario, job_id, args.config, overrides)
-                log.info("%s: job %s %s", scenario, job_id, json.dumps(result, default=str)[:2000])
-            except ReefError as e:
-                log.error("%s: job %s failed: %s", scenario, job_id, e.message)
-            except Exception:
-                log.exception("%s: job %s failed", scenario, job_id)
+            # users wait on these: each starts at once, beside any evolve run
+            runs.start(f"job {job_id}", _job, settings, scenario, job_id, args.config, overrides)
         if not evolving:
             continue
         if "*" in names:
@@ -208,22 +223,115 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 store.close()
         for scenario in sorted(names):
-            try:
-                if scenario in submitted and in_flight(submitted[scenario]):
-                    continue
-                is_ready, eligible = ready(settings, scenario, kind)
-                if not is_ready:
-                    continue
-                log.info("%s: %d eligible samples: evolving", scenario, eligible)
-                result = run_once(settings, scenario, args.config, overrides)
-                if result.get("status") == "submitted":
-                    submitted[scenario] = str(result["flow_run_id"])
-                log.info("%s: evolve %s", scenario, json.dumps(result, default=str)[:2000])
-                print(json.dumps({"scenario": scenario, **result}, default=str), flush=True)
-            except ReefError as e:
-                log.error("%s: evolve failed: %s", scenario, e.message)
-            except Exception:
-                log.exception("%s: evolve failed", scenario)
+            if runs.running(f"evolve {scenario}"):
+                # looked at again when this run ends: the batch it trains is not this one
+                runs.again(f"evolve {scenario}", functools.partial(pending.put, scenario))
+                continue
+            if scenario in submitted and _in_flight_safe(submitted[scenario]):
+                continue
+            runs.start(
+                f"evolve {scenario}",
+                _evolve,
+                settings,
+                scenario,
+                kind,
+                args.config,
+                overrides,
+                submitted,
+            )
+
+
+class Runs:
+    """The worker's runs, one thread each: a run that waits (a manual gate's approval, a long
+    training) never holds up another scenario's run or a user's job. One run per key at a
+    time (`evolve <scenario>`, `job <id>`)."""
+
+    def __init__(self) -> None:
+        self._threads: dict[str, threading.Thread] = {}
+        self._again: dict[str, Callable[[], None]] = {}
+        self._lock = threading.Lock()
+
+    def again(self, key: str, then: Callable[[], None]) -> None:
+        """Call `then` when the run under `key` ends (once, however often this is asked)."""
+        with self._lock:
+            self._again[key] = then
+
+    def running(self, key: str) -> bool:
+        with self._lock:
+            thread = self._threads.get(key)
+            return thread is not None and thread.is_alive()
+
+    def start(self, key: str, target: Any, *args: Any) -> bool:
+        with self._lock:
+            thread = self._threads.get(key)
+            if thread is not None and thread.is_alive():
+                return False
+
+            def run() -> None:
+                try:
+                    target(*args)
+                finally:
+                    with self._lock:
+                        then = self._again.pop(key, None)
+                    if then is not None:
+                        then()
+
+            thread = threading.Thread(target=run, name=f"reef-{key}", daemon=True)
+            self._threads[key] = thread
+            thread.start()
+            return True
+
+    def join(self) -> None:
+        """Wait for the runs in progress (the API process is gone: finish, then exit)."""
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
+            thread.join()
+
+
+def _job(
+    settings: Settings, scenario: str, job_id: str, config: str | None, overrides: dict[str, Any]
+) -> None:
+    try:
+        log.info("%s: job %s", scenario, job_id)
+        result = run_job(settings, scenario, job_id, config, overrides)
+        log.info("%s: job %s %s", scenario, job_id, json.dumps(result, default=str)[:2000])
+    except ReefError as e:
+        log.error("%s: job %s failed: %s", scenario, job_id, e.message)
+    except Exception:
+        log.exception("%s: job %s failed", scenario, job_id)
+
+
+def _evolve(
+    settings: Settings,
+    scenario: str,
+    kind: str,
+    config: str | None,
+    overrides: dict[str, Any],
+    submitted: dict[str, str],
+) -> None:
+    try:
+        is_ready, eligible = ready(settings, scenario, kind)
+        if not is_ready:
+            return
+        log.info("%s: %d eligible samples: evolving", scenario, eligible)
+        result = run_once(settings, scenario, config, overrides)
+        if result.get("status") == "submitted":
+            submitted[scenario] = str(result["flow_run_id"])
+        log.info("%s: evolve %s", scenario, json.dumps(result, default=str)[:2000])
+        print(json.dumps({"scenario": scenario, **result}, default=str), flush=True)
+    except ReefError as e:
+        log.error("%s: evolve failed: %s", scenario, e.message)
+    except Exception:
+        log.exception("%s: evolve failed", scenario)
+
+
+def _in_flight_safe(flow_run_id: str) -> bool:
+    try:
+        return in_flight(flow_run_id)
+    except Exception as e:  # the Prefect server is unreachable: check again next time
+        log.warning("reading flow run %s failed: %s", flow_run_id, e)
+        return True
 
 
 if __name__ == "__main__":

@@ -12,41 +12,85 @@ from typing import Any
 
 import orjson
 
+from reef.errors import BadRequest
+
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def _text_of(blocks: str | list[dict[str, Any]] | None) -> str:
+def _bad(where: str, what: str) -> BadRequest:
+    return BadRequest(f"{where} {what}", code="invalid_value", param=where)
+
+
+def _text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text", "")
+    if not isinstance(text, str):
+        raise _bad(f"{where}.text", "must be a string")
+    return text
+
+
+def _text_of(blocks: Any, where: str = "content") -> str:
+    """The text of a string or a list of content blocks (strings in the list count as text;
+    other blocks carry none); a clear 400 for any other shape."""
     if blocks is None:
         return ""
     if isinstance(blocks, str):
         return blocks
-    return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    if not isinstance(blocks, list):
+        raise _bad(where, "must be a string or a list of content blocks")
+    texts = []
+    for i, b in enumerate(blocks):
+        if isinstance(b, str):
+            texts.append(b)
+        elif not isinstance(b, dict):
+            raise _bad(f"{where}[{i}]", "must be a content block (an object)")
+        elif b.get("type") == "text":
+            texts.append(_text(b, f"{where}[{i}]"))
+    return "".join(texts)
+
+
+def _image_url(source: Any, where: str) -> str | None:
+    """An image block's source as an OpenAI image URL (base64 data or a URL); None for a
+    source this translation does not carry (a file id)."""
+    if not isinstance(source, dict):
+        raise _bad(where, "must be an object ({type: base64 | url, ...})")
+    kind = source.get("type")
+    if kind == "base64":
+        media_type, data = source.get("media_type", "image/png"), source.get("data", "")
+        if not isinstance(media_type, str) or not isinstance(data, str):
+            raise _bad(where, "needs media_type and data as strings")
+        return f"data:{media_type};base64,{data}"
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str):
+            raise _bad(f"{where}.url", "must be a string")
+        return url
+    return None
 
 
 def _user_parts(
-    content: str | list[dict[str, Any]],
+    content: str | list[dict[str, Any]], where: str = "content"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split a user turn into OpenAI messages: tool results become `tool` messages first."""
     if isinstance(content, str):
         return [], [{"role": "user", "content": content}]
     tool_msgs: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
-    for block in content:
+    for i, block in enumerate(content):
         kind = block.get("type")
         if kind == "tool_result":
             tool_msgs.append(
                 {
                     "role": "tool",
                     "tool_call_id": block.get("tool_use_id", ""),
-                    "content": _text_of(block.get("content")),
+                    "content": _text_of(block.get("content"), f"{where}[{i}].content"),
                 }
             )
         elif kind == "text":
-            parts.append({"type": "text", "text": block.get("text", "")})
-        elif kind == "image" and block.get("source", {}).get("type") == "base64":
-            src = block["source"]
-            url = f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
-            parts.append({"type": "image_url", "image_url": {"url": url}})
+            parts.append({"type": "text", "text": _text(block, f"{where}[{i}]")})
+        elif kind == "image":
+            url = _image_url(block.get("source"), f"{where}[{i}].source")
+            if url is not None:
+                parts.append({"type": "image_url", "image_url": {"url": url}})
     user: list[dict[str, Any]] = []
     if parts:
         only_text = all(p["type"] == "text" for p in parts)
@@ -55,10 +99,10 @@ def _user_parts(
     return tool_msgs, user
 
 
-def _assistant(content: str | list[dict[str, Any]]) -> dict[str, Any]:
+def _assistant(content: str | list[dict[str, Any]], where: str = "content") -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    text = _text_of(content)
+    text = _text_of(content, where)
     calls = [
         {
             "id": b.get("id", ""),
@@ -92,14 +136,15 @@ def to_openai(body: dict[str, Any]) -> dict[str, Any]:
     """An Anthropic Messages request as an OpenAI chat-completions request."""
     messages: list[dict[str, Any]] = []
     if body.get("system"):
-        messages.append({"role": "system", "content": _text_of(body["system"])})
-    for m in body["messages"]:
+        messages.append({"role": "system", "content": _text_of(body["system"], "system")})
+    for i, m in enumerate(body["messages"]):
+        where = f"messages[{i}].content"
         if m["role"] == "user":
-            tool_msgs, user = _user_parts(m["content"])
+            tool_msgs, user = _user_parts(m["content"], where)
             messages.extend(tool_msgs)
             messages.extend(user)
         else:
-            messages.append(_assistant(m["content"]))
+            messages.append(_assistant(m["content"], where))
     out: dict[str, Any] = {
         "model": body["model"],
         "messages": messages,

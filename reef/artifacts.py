@@ -50,6 +50,12 @@ class ArtifactStore(ABC):
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under `prefix` + "/", sorted."""
 
+    @abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix` + "/" (a deleted scenario's datasets, say); returns
+        how many went. Idempotent: nothing there, nothing to do. Keys beside the prefix that
+        merely start with it ("datasets/a2/..." for "datasets/a") are left alone."""
+
     # trees: a release's files (an adapter or a checkpoint directory) under one prefix -------
     def put_tree(self, prefix: str, path: Path) -> str:
         """Copy the files under directory `path` to keys `prefix/<relative path>`. The manifest
@@ -156,6 +162,23 @@ class LocalArtifacts(ArtifactStore):
             if p.is_file() and not p.name.endswith(".tmp")
         )
 
+    def delete_prefix(self, prefix: str) -> int:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return 0
+        n = len(self.list_keys(prefix))
+        # Renamed aside first, then removed: a reader never sees half a tree under the prefix,
+        # and a crash mid-way leaves a hidden directory no key maps to (removed on a rerun).
+        doomed = base.with_name(f".{base.name}.deleting")
+        try:
+            if doomed.exists():
+                shutil.rmtree(doomed)
+            os.replace(base, doomed)
+            shutil.rmtree(doomed)
+        except OSError as e:
+            raise StoreError(f"deleting {self.uri(prefix)} failed: {e}") from None
+        return n
+
 
 class S3Artifacts(ArtifactStore):
     """A bucket (and key prefix) on S3 or an S3-compatible server (MinIO, moto). Credentials
@@ -219,6 +242,33 @@ class S3Artifacts(ArtifactStore):
         except (BotoCoreError, ClientError) as e:
             raise StoreError(f"listing {self.uri(prefix)} failed: {e}") from None
         return sorted(keys)
+
+    def delete_prefix(self, prefix: str) -> int:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        start = self._key(prefix) + "/"
+        n = 0
+        try:
+            # A page of a listing is at most 1,000 keys: what one DeleteObjects takes.
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=start
+            ):
+                objects = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+                if not objects:
+                    continue
+                answer = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}
+                )
+                if answer.get("Errors"):
+                    first = answer["Errors"][0]
+                    raise StoreError(
+                        f"deleting {self.uri(prefix)} failed: {len(answer['Errors'])} keys "
+                        f"were not deleted ({first.get('Key')}: {first.get('Message')})"
+                    )
+                n += len(objects)
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"deleting {self.uri(prefix)} failed: {e}") from None
+        return n
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -81,6 +81,23 @@ class PayloadTooLarge(ReefError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaType(ReefError):
+    """A JSON route was sent a body that does not say it is JSON (a browser's text/plain form
+    post, say)."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class MisdirectedRequest(ReefError):
+    """The Host header names a server this one does not answer for (DNS rebinding)."""
+
+    status = 421
+    type = "invalid_request_error"
+    code = "host_not_allowed"
+
+
 class EngineError(ReefError):
     """The engine failed while serving an accepted request."""
 

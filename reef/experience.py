@@ -1,8 +1,10 @@
 """Experience: a scenario's records joined with their reports, checked, as samples for a recipe.
 
-One pass over the store, page by page: reports first (they are few and small), indexed by the
-records they quote; then records, keeping only the ones some report quotes, so memory grows
-with the reported records of a scenario, never with its whole traffic.
+Reads only what reports point at: the reports first (they are few and small), indexed by the
+records they quote; then those records, by id in batches. Records no report quotes are never
+read: the store counts them in one aggregate query. So time and memory grow with the reported
+records of a scenario, never with its whole traffic (readiness runs on every status call and
+/metrics refresh; bench/status_latency.py measures it at 100k records).
 
 A report quoting one receipt scores that exchange. A report quoting several receipts scores
 them together: ONE trajectory-level sample, its records ordered by session turn, then id.
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import orjson
 
+from reef import responses
 from reef.anthropic import to_openai
 from reef.errors import BadRequest
 from reef.records import Consumption, Record, Report, content_hash, utcnow
@@ -128,15 +131,21 @@ def reports_by_record(
 
 # normalizing records ----------------------------------------------------------------------
 def prompt_messages(record: Record) -> list[dict[str, Any]]:
-    """The request's messages in OpenAI chat form (Anthropic bodies are translated)."""
+    """The request's messages in OpenAI chat form (Anthropic and Responses bodies are
+    translated; a Responses turn that continues a `previous_response_id` brings its
+    instructions and its own input, the earlier turns are its session's records)."""
     if record.route == "messages":
         return list(to_openai(record.request).get("messages", []))
+    if record.route == "responses":
+        return list(responses.to_chat(record.request).get("messages", []))
     return list(record.request.get("messages", []))
 
 
 def completion_text(record: Record) -> str:
     """The answer's text (tool calls are not text and are left out)."""
     resp = record.response
+    if record.route == "responses":
+        return responses.output_text(resp)
     if record.route == "messages":
         return "".join(
             b.get("text", "") for b in resp.get("content") or [] if b.get("type") == "text"
@@ -263,15 +272,9 @@ def collect(
             if all(r.id != rep.id for r in lst):
                 lst.append(rep)
 
-    wanted: dict[str, Record] = {}
-    awaiting = 0
-    for page in pages_of_records(store, scenario, page_size):
-        for rec in page:
-            if rec.id in by_record:
-                wanted[rec.id] = rec
-            elif rec.id not in consumed:
-                awaiting += 1
+    wanted = {rec.id: rec for rec in store.get_records(scenario, by_record)}
     del by_record
+    awaiting = store.count_awaiting_feedback(scenario, recipe)
 
     dropped: Counter[str] = Counter()
     candidates: list[tuple[list[Record], Report, float, list[Report], int]] = []

@@ -157,6 +157,15 @@ class Scenario:
 
 
 @dataclass(frozen=True)
+class Deletion:
+    """A deleted scenario whose files and MLflow entries may still exist (a tombstone): its
+    rows left the database at `deleted_at`; `reef.deletion` removes the rest, then this."""
+
+    scenario: str
+    deleted_at: datetime
+
+
+@dataclass(frozen=True)
 class Record:
     """One stored inference exchange. `request`/`response` are the client's wire bodies for
     `route` ("chat.completions" or "messages"); for a stream, `response` is the assembled answer.

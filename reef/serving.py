@@ -16,8 +16,9 @@ from typing import Any
 
 from reef import anthropic
 from reef.engines.base import Completion, Engine
-from reef.errors import BadRequest, IdempotencyKeyReused, UnknownModel
+from reef.errors import IdempotencyKeyReused, UnknownModel
 from reef.harness import Harness, HarnessCache
+from reef.limits import Limits
 from reef.records import Record, Scenario, new_id, utcnow
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.store.base import Store
@@ -82,8 +83,11 @@ class Serving:
         scenario_ttl_s: float = 2.0,
         variants: Variants | None = None,
         harnesses: HarnessCache | None = None,
+        limits: Limits | None = None,
     ):
         self.engine = engine
+        # What one request may ask for (the routes check their bodies against it).
+        self.limits = limits if limits is not None else Limits(max_tokens=max_tokens_cap)
         # The harness a scenario's head carries, injected into requests when its config says so.
         self.harnesses = harnesses
         # release id -> (its harness, the record tags saying what was injected); None: nothing
@@ -100,9 +104,9 @@ class Serving:
         self._scenarios: dict[str, tuple[Scenario, float]] = {}
         # Session parents continued by calls in flight: parent id -> (record id, deadline).
         self._claims: dict[str, tuple[str, float]] = {}
-        # Idempotency-Keys in flight: (scenario, key) -> (record id, its answer to come; None
-        # when that call failed).
-        self._keys: dict[tuple[str, str], tuple[str, asyncio.Future[Record | None]]] = {}
+        # Idempotency-Keys in flight: (scenario, route, key) -> (record id, its answer to come;
+        # None when that call failed). A key names a request of one route only.
+        self._keys: dict[tuple[str, str, str], tuple[str, asyncio.Future[Record | None]]] = {}
 
     async def scenario(self, name: str) -> Scenario:
         """The scenario, created with its base release on first use."""
@@ -134,12 +138,7 @@ class Serving:
         )
 
     def check_max_tokens(self, max_tokens: int | None, param: str = "max_tokens") -> None:
-        if max_tokens is not None and max_tokens > self.max_tokens_cap:
-            raise BadRequest(
-                f"{param} is {max_tokens}, above this server's cap of {self.max_tokens_cap}",
-                code="max_tokens_too_large",
-                param=param,
-            )
+        self.limits.check_max_tokens(max_tokens, param)
 
     async def new_call(
         self,
@@ -169,7 +168,9 @@ class Serving:
             # next turn (injected the same way) continues it.
             engine_body, tags = await self._with_harness(scenario, engine_body, tags)
         if idempotency_key is not None:
-            stored = await self._take_key(scenario.name, idempotency_key, client_body, record_id)
+            stored = await self._take_key(
+                scenario.name, route, idempotency_key, client_body, record_id
+            )
             if stored is not None:
                 return Call(
                     scenario,
@@ -189,7 +190,7 @@ class Serving:
                 scenario.name, engine_body.get("messages") or [], session_id, record_id
             )
         except BaseException:
-            self._release_key(scenario.name, idempotency_key, record_id, None)
+            self._release_key(scenario.name, route, idempotency_key, record_id, None)
             raise
         return Call(
             scenario,
@@ -294,11 +295,11 @@ class Serving:
 
     # idempotency ----------------------------------------------------------------
     async def _take_key(
-        self, scenario: str, key: str, body: dict[str, Any], record_id: str
+        self, scenario: str, route: str, key: str, body: dict[str, Any], record_id: str
     ) -> Record | None:
-        """The record stored (or being made in this process) under `key`, if any; else None,
-        and this call now holds the key until it ends (`_release_key`)."""
-        slot = (scenario, key)
+        """The record stored (or being made in this process) under `key` for `route`, if any;
+        else None, and this call now holds the key until it ends (`_release_key`)."""
+        slot = (scenario, route, key)
         while (held := self._keys.get(slot)) is not None:
             # An identical request is in flight here: its answer is ours. If it failed, nothing
             # was stored and this request tries itself (unless another waiter took over).
@@ -308,24 +309,25 @@ class Serving:
         future: asyncio.Future[Record | None] = asyncio.get_running_loop().create_future()
         self._keys[slot] = (record_id, future)
         try:
-            stored = await asyncio.to_thread(self.store.find_idempotent, scenario, key)
+            stored = await asyncio.to_thread(self.store.find_idempotent, scenario, route, key)
         except BaseException:
-            self._release_key(scenario, key, record_id, None)
+            self._release_key(scenario, route, key, record_id, None)
             raise
         if stored is None:
             return None
-        self._release_key(scenario, key, record_id, stored)
+        self._release_key(scenario, route, key, record_id, stored)
         return _same_request(stored, key, body)
 
     def _release_key(
-        self, scenario: str, key: str | None, record_id: str, record: Record | None
+        self, scenario: str, route: str, key: str | None, record_id: str, record: Record | None
     ) -> None:
         if key is None:
             return
-        held = self._keys.get((scenario, key))
+        slot = (scenario, route, key)
+        held = self._keys.get(slot)
         if held is None or held[0] != record_id:
             return
-        del self._keys[(scenario, key)]
+        del self._keys[slot]
         if not held[1].done():
             held[1].set_result(record)
 
@@ -334,7 +336,7 @@ class Serving:
         refused ours): its record is the answer, when it was for the same body."""
         assert call.idempotency_key is not None
         stored = await asyncio.to_thread(
-            self.store.find_idempotent, call.scenario.name, call.idempotency_key
+            self.store.find_idempotent, call.scenario.name, call.route, call.idempotency_key
         )
         if stored is None:
             raise clash
@@ -344,7 +346,9 @@ class Serving:
         """The call is over (answered, failed or abandoned): release what it held."""
         if call.claim is not None:
             self._unclaim(call.claim, call.record_id)
-        self._release_key(call.scenario.name, call.idempotency_key, call.record_id, record)
+        self._release_key(
+            call.scenario.name, call.route, call.idempotency_key, call.record_id, record
+        )
 
     # serving ----------------------------------------------------------------------
     def _record(self, call: Call, response: dict[str, Any], done: Completion, t0: float) -> Record:

@@ -47,8 +47,14 @@ def _content(content: Any) -> Any:
         return content
     parts: list[Any] = []
     for part in content:
-        if isinstance(part, dict) and part.get("type") == "text":
-            text = part.get("text") or ""
+        text = part.get("text") if isinstance(part, dict) else None
+        # a text part whose text is not a string is kept as the JSON value it is
+        if (
+            isinstance(part, dict)
+            and part.get("type") == "text"
+            and (isinstance(text, str) or not text)
+        ):
+            text = text or ""
             if parts and isinstance(parts[-1], str):
                 parts[-1] += text
             else:
@@ -65,12 +71,20 @@ def _content(content: Any) -> Any:
     return [p for p in parts if p != ""]
 
 
-def _tool_calls(calls: Any) -> list[dict[str, Any]] | None:
+def _tool_calls(calls: Any) -> list[Any] | None:
+    """Tool calls as (id, name, arguments); a call of another shape (`{"function": "x"}`, not
+    an object at all) is kept as the JSON value it is: it still identifies the conversation."""
     if not calls:
         return None
-    out = []
+    if not isinstance(calls, list):
+        return [calls]
+    out: list[Any] = []
     for call in calls:
-        fn = call.get("function") or {}
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(call, dict) or not isinstance(fn or {}, dict):
+            out.append(call)
+            continue
+        fn = fn or {}
         item = {
             "id": call.get("id") or None,
             "name": fn.get("name") or None,
@@ -91,13 +105,15 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
     if calls:
         out["tool_calls"] = calls
     function_call = message.get("function_call")  # the legacy single call
-    if function_call:
+    if isinstance(function_call, dict) and function_call:
         out["tool_calls"] = [
             {
                 "name": function_call.get("name"),
                 "arguments": _arguments(function_call.get("arguments")),
             }
         ]
+    elif function_call:  # another shape: kept as sent
+        out["tool_calls"] = [{"function_call": function_call}]
     for key in ("tool_call_id", "name"):
         if message.get(key):
             out[key] = message[key]

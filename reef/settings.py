@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -26,6 +26,27 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_HOST_NAME = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
+
+
+def host_name(text: str) -> str:
+    """A host name as a Host header carries it, without a port: lower case, IPv6 addresses in
+    brackets; `*` (any host) and `*.example.com` (its subdomains) pass as they are."""
+    name = text.strip().lower()
+    if name == "*":
+        return name
+    bare = name.removeprefix("[").removesuffix("]")
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    else:
+        return f"[{address}]" if address.version == 6 else str(address)
+    if not _HOST_NAME.fullmatch(name):
+        raise ValueError(f"'{text}' is not a host name (give names without scheme or port)")
+    return name.rstrip(".")
+
+
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8900, ge=0, le=65535)
@@ -33,12 +54,42 @@ class ServerSettings(_Section):
     default_scenario: str = "default"
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size cap")
     max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
+    max_n: int = Field(4, ge=1, description="largest n (choices per request) a request may ask")
+    max_stop: int = Field(4, ge=0, description="most stop strings (stop, stop_sequences)")
+    max_stop_chars: int = Field(256, ge=1, description="longest stop string, in characters")
+    max_messages: int = Field(1024, ge=1, description="most messages in one request")
+    max_tools: int = Field(128, ge=0, description="most tool definitions in one request")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host header names answered besides loopback (and the bound host), any "
+        "port; '*.example.com' for subdomains, '*' for any; others get 421",
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="/metrics answers only `Authorization: Bearer <this>` when set"
+    )
+    metrics_scenario_labels: bool | None = Field(
+        None,
+        description="label /metrics series by scenario (names are visible to whoever scrapes); "
+        "null: only when metrics_token is set",
+    )
 
     @field_validator("state_dir")
     @classmethod
     def _expand_state_dir(cls, v: Path) -> Path:
         return v.expanduser()
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(host_name(h) for h in v)
+
+    @property
+    def scenario_labels(self) -> bool:
+        """Whether /metrics names scenarios (see metrics_scenario_labels)."""
+        if self.metrics_scenario_labels is None:
+            return self.metrics_token is not None
+        return self.metrics_scenario_labels
 
     @property
     def is_loopback(self) -> bool:
@@ -58,7 +109,17 @@ class EngineSettings(_Section):
     upstream_api_key: SecretStr | None = None
     upstream_timeout_s: float = Field(600.0, gt=0)
     max_batch_size: int = Field(8, ge=1, description="embedded: requests decoded together")
-    default_max_tokens: int = Field(256, ge=1, description="when a request names none")
+    default_max_tokens: int = Field(
+        256,
+        ge=1,
+        description="max_tokens when a request names none (every engine; at most "
+        "server.max_tokens_cap)",
+    )
+    passthrough_extensions: tuple[str, ...] = Field(
+        (),
+        description="vLLM extensions of the OpenAI body (ignore_eos, min_tokens, ...) that "
+        "clients may send; any other is refused with 400",
+    )
     threads: int | None = Field(None, ge=1, description="embedded: torch threads")
     model_cache: Path = Field(
         Path.home() / ".cache" / "reef" / "models",
@@ -87,6 +148,19 @@ class EngineSettings(_Section):
     )
     vllm_max_loras: int = Field(4, ge=1, description="vllm: adapters in one batch (--max-loras)")
     vllm_max_lora_rank: int = Field(64, ge=1, description="vllm: --max-lora-rank")
+    vllm_api_key: SecretStr | None = Field(
+        None,
+        description="vllm: the API key of the vLLM at vllm_url; a launched vLLM gets this one, "
+        "or a random one when unset",
+    )
+    vllm_host: str = Field(
+        "127.0.0.1", description="vllm: the address a launched vLLM binds (--host)"
+    )
+    allow_local_paths: bool = Field(
+        False,
+        description="the admin load routes also take any local directory, not only the "
+        "artifact-store files of the named scenario's releases and candidates",
+    )
 
     @field_validator("model_cache", "vllm_python")
     @classmethod
@@ -109,7 +183,8 @@ class EngineSettings(_Section):
 
 
 class StoreSettings(_Section):
-    database_url: str | None = Field(
+    # Secret: a Postgres URL may carry a password (Settings.database_url is the plain value).
+    database_url: SecretStr | None = Field(
         None, description="sqlite:///path or postgresql+psycopg://...; default: state_dir/reef.db"
     )
     commit_window_ms: float = Field(
@@ -183,7 +258,7 @@ class LoopSettings(_Section):
     @field_validator("recipe")
     @classmethod
     def _recipe(cls, v: str) -> str:
-        if v not in RECIPES and not _DOTTED.match(v):
+        if v not in RECIPES and not _DOTTED.fullmatch(v):
             names = ", ".join(sorted(RECIPES))
             raise ValueError(f"recipe must be one of {names} or a dotted path pkg.module:Class")
         return v
@@ -213,7 +288,8 @@ class GateSettings(_Section):
 
 
 class TrackingSettings(_Section):
-    uri: str | None = Field(
+    # Secret: a database tracking store's URI may carry a password (Settings.tracking_uri).
+    uri: SecretStr | None = Field(
         None, description="MLflow tracking URI; default: sqlite:///<state_dir>/mlflow.db"
     )
     artifact_location: str | None = Field(
@@ -242,7 +318,7 @@ class Settings(BaseSettings):
     @property
     def tracking_uri(self) -> str:
         if self.tracking.uri:
-            return self.tracking.uri
+            return self.tracking.uri.get_secret_value()
         return f"sqlite:///{(self.server.state_dir / 'mlflow.db').resolve()}"
 
     @property
@@ -255,6 +331,11 @@ class Settings(BaseSettings):
         return (Path(base) / "mlflow").resolve().as_uri()
 
     @property
+    def default_max_tokens(self) -> int:
+        """engine.default_max_tokens, held to server.max_tokens_cap."""
+        return min(self.engine.default_max_tokens, self.server.max_tokens_cap)
+
+    @property
     def engine_url(self) -> str:
         if self.reef.engine_url:
             return self.reef.engine_url.rstrip("/")
@@ -264,7 +345,7 @@ class Settings(BaseSettings):
     @property
     def database_url(self) -> str:
         if self.store.database_url:
-            return self.store.database_url
+            return self.store.database_url.get_secret_value()
         return f"sqlite:///{self.server.state_dir / 'reef.db'}"
 
 
@@ -323,3 +404,63 @@ def load_settings(config: Path | str | None = None, **overrides: Any) -> Setting
     if settings.engine.kind == "upstream" and not settings.engine.upstream_url:
         raise ConfigError("engine.kind 'upstream' needs engine.upstream_url (--upstream-url)")
     return settings
+
+
+# Secrets: the settings typed SecretStr (a database URL may carry a password; tokens and API
+# keys are secret outright). They never travel as command-line arguments, Prefect parameters or
+# logged values: a child process gets them in its environment, a flow called in-process gets
+# them as SecretStr (which Prefect's parameter serialization writes as '**********'), and a
+# deployment run finds them where it runs (its settings file or REEF_* environment).
+def secret_keys() -> frozenset[tuple[str, str]]:
+    """(section, key) of every secret setting, e.g. ("store", "database_url")."""
+    out = set()
+    for section, field in Settings.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            for key, sub in model.model_fields.items():
+                if SecretStr in (sub.annotation, *get_args(sub.annotation)):
+                    out.add((section, key))
+    return frozenset(out)
+
+
+def split_secrets(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Nested overrides (`load_settings`' shape) as (the rest, the secret settings)."""
+    keys = secret_keys()
+    public: dict[str, Any] = {}
+    secret: dict[str, Any] = {}
+    for section, value in overrides.items():
+        if not isinstance(value, dict):
+            public[section] = value
+            continue
+        for key, v in value.items():
+            half = secret if (section, key) in keys else public
+            half.setdefault(section, {})[key] = v
+    return public, secret
+
+
+def _plain(value: Any) -> str:
+    return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+
+
+def secret_environment(secret: dict[str, Any]) -> dict[str, str]:
+    """The REEF_* environment variables that carry `secret` (split_secrets' second half) to a
+    child process: what its settings read at the environment's precedence."""
+    return {
+        f"REEF_{section.upper()}__{key.upper()}": _plain(v)
+        for section, values in secret.items()
+        for key, v in values.items()
+        if v is not None
+    }
+
+
+def conceal(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` with every secret value wrapped in SecretStr: for a flow called in this
+    process, which gets the values, while the run's parameters Prefect stores show
+    '**********'."""
+    public, secret = split_secrets(overrides)
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in public.items()}
+    for section, values in secret.items():
+        for key, v in values.items():
+            wrapped = v if v is None or isinstance(v, SecretStr) else SecretStr(str(v))
+            out.setdefault(section, {})[key] = wrapped
+    return out

@@ -1,4 +1,5 @@
-"""Experiment tracking: a dataset snapshot logged to MLflow as an input of the active run.
+"""Experiment tracking: a dataset snapshot logged to MLflow as an input of the active run, and
+run parameters cleared of secrets before they are logged.
 
 MLflow is imported only here and only when logging (it takes seconds to import). The snapshot
 is logged as metadata, never as data: name "<scenario>/<kind>", digest = the snapshot's
@@ -7,10 +8,13 @@ content hash, source = its artifact URI, schema = its Arrow schema as an MLflow 
 
 from __future__ import annotations
 
+import re
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+from pydantic import SecretStr
 
 from reef.datasets import Snapshot
 
@@ -73,3 +77,30 @@ def log_snapshot_input(
         **(tags or {}),
     }
     mlflow.log_input(dataset, context=context, tags=all_tags)
+
+
+MASK = "**********"
+# A parameter whose name says it holds a secret (`*_env` names an environment variable: the
+# name of the place a secret is, not the secret).
+_SECRET_NAME = re.compile(
+    r"(?:^|[._-])(?:password|passwd|secret|token|api_?key|credentials?)(?:$|[._-])", re.IGNORECASE
+)
+# The password in a URL: scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^/@:\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def public_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` safe to log to MLflow (or anywhere a human reads): a SecretStr value, or any
+    value under a secret-sounding name (password, secret, token, api key, credential), becomes
+    '**********'; a password inside a URL is masked."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, SecretStr) or (
+            value is not None and _SECRET_NAME.search(key) and not key.endswith("_env")
+        ):
+            out[key] = MASK
+        elif isinstance(value, str):
+            out[key] = _URL_PASSWORD.sub(rf"\g<head>{MASK}@", value)
+        else:
+            out[key] = value
+    return out

@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, cast
 
 from reef.artifacts import ArtifactStore
 from reef.engines.base import Deployable, Engine
-from reef.errors import BadRequest, EngineError, NotFound
+from reef.errors import BadRequest, EngineError, Forbidden, NotFound
 from reef.records import Release
 from reef.store.base import Store
+from reef.wire import SCENARIO_PATTERN
 
 log = logging.getLogger(__name__)
 
 
 def variant_name(scenario: str, release_id: str) -> str:
     return f"{scenario}@{release_id}"
+
+
+_SCENARIO = re.compile(SCENARIO_PATTERN)
 
 
 class Variants:
@@ -100,6 +105,30 @@ class Variants:
             seconds = time.monotonic() - started
             log.info("loaded %s (%s) in %.2f s", name, kind, seconds)
             return {"name": name, "loaded": True, "seconds": round(seconds, 3)}
+
+    def check_source(self, name: str, source: str) -> None:
+        """Refuse (403) to load `source` as variant `name` unless it is release files of the
+        variant's own scenario in the artifact store: `name` is `<scenario>@<release_id>` (a
+        scenario name holds no '@'), and `source` lies under `<artifacts>/releases/<scenario>/`,
+        where registering a candidate puts its files (deploy.candidates). What an admin route is
+        asked to load; a deploy asks exactly that. Any local directory: engine.allow_local_paths.
+        """
+        scenario, at, release_id = name.partition("@")
+        if not at or not release_id or not _SCENARIO.fullmatch(scenario):
+            raise Forbidden(
+                f"variant name '{name}' is not <scenario>@<release_id>: only a scenario's "
+                "release files can be loaded (engine.allow_local_paths lifts this)",
+                code="source_not_allowed",
+            )
+        prefix = f"{self.artifacts.uri('').rstrip('/')}/releases/{scenario}/"
+        parts = source.removeprefix(prefix).rstrip("/").split("/")
+        if not source.startswith(prefix) or any(p in ("", ".", "..") for p in parts):
+            raise Forbidden(
+                f"'{name}' may load only release files of scenario '{scenario}' from the "
+                f"artifact store ({prefix}...), not '{source}' (engine.allow_local_paths lifts "
+                "this)",
+                code="source_not_allowed",
+            )
 
     def local_files(self, source: str) -> Path:
         """The release files at `source` as a local directory (blocking: call in a thread)."""

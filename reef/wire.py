@@ -12,6 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Whole-string patterns. Python code checks them with `fullmatch` (with `match`, `$` also matches
+# before a trailing newline); pydantic's `pattern` runs them with Rust's regex, where the anchors
+# mean the whole string.
 SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -78,6 +81,29 @@ class AnthropicMessagesRequest(_Open):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+
+
+class ResponsesRequest(_Open):
+    """OpenAI `POST /v1/responses` body (fields the engines cannot use are accepted)."""
+
+    model: str
+    input: str | list[Any] | None = None
+    instructions: str | list[Any] | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    stream: bool = False
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    truncation: str | None = None
+    user: str | None = None
 
 
 class ReportIn(_Closed):
@@ -242,7 +268,7 @@ class EngineGenerateIn(BaseModel):
     """One generation on a release's weights, outside any traffic: not recorded, no harness
     injected (the caller puts the harness it evaluates in `messages`)."""
 
-    scenario: str = Field(min_length=1, max_length=64)
+    scenario: str = Field(pattern=SCENARIO_PATTERN)
     release_id: str | None = Field(None, description="whose weights answer; default: the head")
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int = Field(64, ge=1)
@@ -251,7 +277,7 @@ class EngineGenerateIn(BaseModel):
 
 
 class RefreshIn(BaseModel):
-    scenario: str = Field(min_length=1, max_length=64)
+    scenario: str = Field(pattern=SCENARIO_PATTERN)
 
 
 class ScenarioOut(BaseModel):

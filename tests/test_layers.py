@@ -151,6 +151,26 @@ def test_no_module_imports_another_modules_private_names() -> None:
     assert private(graph(ROOT)) == []
 
 
+# What a route module may take from the rest of api/: never another route module.
+ROUTE_IMPORTS = {"api.services", "api.answers", "api.bodies"}
+
+
+def routes_reaching_out(g: dict[str, list[tuple[str, str]]]) -> list[str]:
+    return sorted(
+        {
+            f"{module} imports {target}"
+            for module, deps in g.items()
+            if module.startswith("api.routes.")
+            for target, _ in deps
+            if target.startswith("api") and target not in ROUTE_IMPORTS | {"api.routes"}
+        }
+    )
+
+
+def test_route_modules_import_only_services_answers_and_bodies() -> None:
+    assert routes_reaching_out(graph(ROOT)) == []
+
+
 def test_importing_the_api_and_the_cli_does_not_load_torch() -> None:
     code = "import sys, api.app, cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run(
@@ -165,6 +185,7 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
         (root / package).mkdir(parents=True, exist_ok=True)
         (root / package / "__init__.py").write_text("")
     for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     return root
 
@@ -202,6 +223,15 @@ def test_an_import_cycle_fails(tmp_path: Path) -> None:
         },
     )
     assert cycles(graph(root)) == [["reef.a", "reef.b", "reef.c"]]
+
+
+def test_a_route_importing_a_route_fails(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {"api/routes/__init__.py": "", "api/routes/a.py": "from api.routes.b import x\n"},
+    )
+    (root / "api/routes/b.py").write_text("x = 1\n")
+    assert routes_reaching_out(graph(root)) == ["api.routes.a imports api.routes.b"]
 
 
 def test_a_private_import_fails(tmp_path: Path) -> None:

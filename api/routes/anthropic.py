@@ -18,9 +18,9 @@ from api.answers import (
     receipt_headers,
     schema_ref,
     start_call,
+    stream_error,
 )
 from api.bodies import read_json, validate
-from api.errors import error_body
 from api.services import caller
 from reef import anthropic
 from reef.engines.chunks import disassemble
@@ -66,7 +66,7 @@ async def messages(request: Request) -> Response:
     req = validate(AnthropicMessagesRequest, body)
     serving = svc.serving
     model = serving.resolve_model(req.model)
-    serving.check_max_tokens(req.max_tokens)
+    serving.limits.check_messages(body)
     scenario = await serving.scenario(scenario_name)
     engine_body = anthropic.to_openai({**body, "model": model})
     call = await start_call(request, svc, scenario, "messages", body, engine_body)
@@ -102,6 +102,6 @@ async def messages(request: Request) -> Response:
         except ReefError as e:
             log.error("stream %s failed: %s", call.record_id, e.message)
             svc.metrics.errors.labels(e.type, e.code or "").inc()
-            yield event("error", error_body(e, anthropic=True))
+            yield event("error", stream_error(e, anthropic=True))
 
     return event_stream(events(), call_receipt(call))

@@ -33,15 +33,23 @@ async def _admin(request: Request, what: str) -> tuple[Services, Variants, dict]
     return svc, svc.variants, body
 
 
+async def _load(svc: Services, variants: Variants, name: str, kind: str, source: str) -> dict:
+    """Load what a deploy asks for: its scenario's release files from the artifact store, or
+    (engine.allow_local_paths) any directory this server can read."""
+    if not svc.settings.engine.allow_local_paths:
+        variants.check_source(name, source)
+    return await variants.load(name, kind, source)
+
+
 @router.post(
     "/v1/load_lora_adapter",
     openapi_extra=schema_ref(LoadAdapterIn),
     summary="Load a LoRA adapter under a new name (vLLM's route; never reloads in place)",
 )
 async def load_lora_adapter(request: Request) -> dict[str, object]:
-    _, variants, raw = await _admin(request, "loading an adapter")
+    svc, variants, raw = await _admin(request, "loading an adapter")
     body = validate(LoadAdapterIn, raw)
-    return await variants.load(body.lora_name, "adapter", body.lora_path)
+    return await _load(svc, variants, body.lora_name, "adapter", body.lora_path)
 
 
 @router.post(
@@ -61,9 +69,9 @@ async def unload_lora_adapter(request: Request) -> dict[str, object]:
     summary="Load full weights (a checkpoint of the same architecture) under a new name",
 )
 async def load_weights(request: Request) -> dict[str, object]:
-    _, variants, raw = await _admin(request, "loading weights")
+    svc, variants, raw = await _admin(request, "loading weights")
     body = validate(LoadWeightsIn, raw)
-    return await variants.load(body.name, "checkpoint", body.path)
+    return await _load(svc, variants, body.name, "checkpoint", body.path)
 
 
 @router.post(

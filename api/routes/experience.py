@@ -26,7 +26,8 @@ class StatusOut(BaseModel):
     dropped: dict[str, int] = Field(description="samples left out, by reason")
     awaiting_feedback: int = Field(description="records no report quotes yet")
     last_materialization: dict[str, Any] | None = Field(
-        description="the scenario's latest dataset snapshot (uri, content_hash, kind, rows, created_at)"
+        description="the scenario's latest dataset snapshot (uri: admins only, content_hash, "
+        "kind, rows, created_at)"
     )
 
 
@@ -40,9 +41,12 @@ async def scenario_status(
     scenario: str,
     kind: str | None = Query(None, description="experience kind; default: the recipe's"),
 ) -> StatusOut:
-    svc, _, name = caller(request, scenario)
+    svc, principal, name = caller(request, scenario)
     loop = svc.settings.reef
     r = await asyncio.to_thread(readiness, svc.store, name, loop, kind, artifacts=svc.artifacts)
+    last = r.last_materialization
+    if last is not None and not principal.admin:  # where the server keeps files: admins only
+        last = {k: v for k, v in last.items() if k != "uri"}
     return StatusOut(
         scenario=name,
         recipe=loop.recipe,
@@ -52,5 +56,5 @@ async def scenario_status(
         ready=r.ready,
         dropped=dict(sorted(r.dropped.items())),
         awaiting_feedback=r.awaiting_feedback,
-        last_materialization=r.last_materialization,
+        last_materialization=last,
     )

@@ -144,8 +144,9 @@ async def publish_harness(request: Request, scenario: str) -> Any:
         new = (await asyncio.to_thread(svc.chain.harness, head)).apply(body.edits or [])
     made = await asyncio.to_thread(svc.chain.release_harness, name, new)
     if isinstance(made, Candidate):  # held for review: never served before someone read it
-        return JSONResponse(candidate_out(made).model_dump(mode="json"), status_code=202)
-    return release_out(made, made.id)
+        out = candidate_out(made, admin=True)  # admins only
+        return JSONResponse(out.model_dump(mode="json"), status_code=202)
+    return release_out(made, made.id, admin=True)
 
 
 @router.post(

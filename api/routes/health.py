@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from api.services import services
+from reef.errors import Unauthorized
 
 router = APIRouter(tags=["health"])
 
@@ -32,6 +34,18 @@ async def readyz(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics")
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (`Authorization: Bearer <server.metrics_token>` when one is set)",
+)
 async def metrics(request: Request) -> Response:
-    return Response(services(request).metrics.render(), media_type="text/plain; version=0.0.4")
+    svc = services(request)
+    token = svc.settings.server.metrics_token
+    if token is not None:
+        header = request.headers.get("authorization") or ""
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+            raise Unauthorized(
+                "/metrics needs 'Authorization: Bearer <token>' with server.metrics_token"
+            )
+    return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -19,9 +19,9 @@ from api.answers import (
     receipt_headers,
     schema_ref,
     start_call,
+    stream_error,
 )
 from api.bodies import read_json, validate
-from api.errors import error_body
 from api.services import caller, services
 from reef.engines.chunks import disassemble
 from reef.errors import ReefError
@@ -62,8 +62,7 @@ async def chat_completions(request: Request) -> Response:
     req = validate(ChatCompletionRequest, body)
     serving = svc.serving
     model = serving.resolve_model(req.model)
-    param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-    serving.check_max_tokens(req.requested_max_tokens, param)
+    serving.limits.check_chat(body)
     scenario = await serving.scenario(scenario_name)
     call = await start_call(
         request, svc, scenario, "chat.completions", body, {**body, "model": model}
@@ -89,7 +88,7 @@ async def chat_completions(request: Request) -> Response:
         except ReefError as e:
             log.error("stream %s failed: %s", call.record_id, e.message)
             svc.metrics.errors.labels(e.type, e.code or "").inc()
-            yield sse(error_body(e))
+            yield sse(stream_error(e))
 
     return event_stream(events(), call_receipt(call))
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from api.answers import schema_ref
 from api.bodies import read_json, validate
 from api.services import caller, check_scenario_name, services
-from reef.errors import BadRequest
+from reef.deletion import finish
+from reef.errors import BadRequest, ReefError
 from reef.records import Record, Report, Scenario, new_id, utcnow
 from reef.wire import (
     RecordList,
@@ -23,6 +26,7 @@ from reef.wire import (
     ScenarioOut,
 )
 
+log = logging.getLogger("reef.api")
 router = APIRouter(prefix="/reef", tags=["reef"])
 Limit = Annotated[int, Query(ge=1, le=1000)]
 
@@ -76,13 +80,41 @@ async def get_scenario(request: Request, scenario: str) -> ScenarioOut:
 @router.delete(
     "/scenarios/{scenario}",
     status_code=204,
-    summary="Delete a scenario with all its records, reports and releases",
+    summary="Delete a scenario with its records, reports, releases, files and MLflow entries "
+    "(admin)",
+    responses={
+        202: {
+            "description": "deleted from the database; its files or MLflow entries could not "
+            "all be removed now (`reef gc` finishes)"
+        }
+    },
 )
 async def delete_scenario(request: Request, scenario: str) -> Response:
-    svc, _, name = caller(request, scenario)
+    svc, principal, name = caller(request, scenario)
+    principal.require_admin(f"deleting scenario '{name}'")
+    # The commit point: rows gone, tombstone written (404 when there is no such scenario).
     await asyncio.to_thread(svc.store.delete_scenario, name)
     svc.serving.forget(name)
-    return Response(status_code=204)
+    if svc.variants is not None:
+        for variant in svc.variants.loaded():
+            if variant.startswith(f"{name}@"):
+                try:
+                    await svc.variants.unload(variant)
+                except ReefError as e:  # the deletion stands; the engine keeps a dead variant
+                    log.warning("unloading %s failed: %s", variant, e.message)
+    done = await asyncio.to_thread(finish, svc.store, svc.settings, svc.artifacts, name)
+    if done.done:
+        return Response(status_code=204)
+    return JSONResponse(
+        {
+            "object": "scenario.deletion",
+            "scenario": name,
+            "status": "pending",
+            "message": f"scenario '{name}' is deleted; removing its files and MLflow entries "
+            f"failed ({done.error}): run `reef gc` to finish",
+        },
+        status_code=202,
+    )
 
 
 @router.get("/scenarios/{scenario}/records", response_model=RecordList)
@@ -113,18 +145,10 @@ async def get_record(request: Request, scenario: str, record_id: str) -> RecordO
 )
 async def get_session(request: Request, scenario: str, session_id: str) -> RecordList:
     svc, _, name = caller(request, scenario)
-
-    def chain() -> list[Record]:
-        tail = svc.store.session_tail(name, session_id)
-        out: list[Record] = []
-        while tail is not None and len(out) < MAX_SESSION_TURNS:
-            out.append(tail)
-            parent = tail.parent_id
-            tail = svc.store.get_record(name, parent) if parent else None
-        return out[::-1]
-
     await asyncio.to_thread(svc.store.get_scenario, name)  # 404 for an unknown scenario
-    records = await asyncio.to_thread(chain)
+    records = await asyncio.to_thread(
+        svc.store.session_records, name, session_id, MAX_SESSION_TURNS
+    )
     return RecordList(
         data=[_record_out(r) for r in records],
         has_more=False,

@@ -8,6 +8,7 @@ compare-and-swap; a publisher that lost the race gets 409 and nothing changes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from fastapi import APIRouter, Request
@@ -27,10 +28,11 @@ router = APIRouter(prefix="/reef/scenarios", tags=["releases"])
     summary="The scenario's release chain, newest first; `current` marks the head",
 )
 async def list_releases(request: Request, scenario: str) -> ReleaseList:
-    svc, _, name = caller(request, scenario)
+    svc, principal, name = caller(request, scenario)
     scen = await asyncio.to_thread(svc.store.get_scenario, name)
     chain = await asyncio.to_thread(svc.store.list_releases, name)
-    return ReleaseList(data=[release_out(r, scen.head_release_id) for r in reversed(chain)])
+    head = scen.head_release_id
+    return ReleaseList(data=[release_out(r, head, admin=principal.admin) for r in reversed(chain)])
 
 
 @router.get(
@@ -41,10 +43,10 @@ async def list_releases(request: Request, scenario: str) -> ReleaseList:
 async def list_candidates(
     request: Request, scenario: str, status: str | None = None
 ) -> CandidateList:
-    svc, _, name = caller(request, scenario)
+    svc, principal, name = caller(request, scenario)
     await asyncio.to_thread(svc.store.get_scenario, name)
     rows = await asyncio.to_thread(svc.store.list_candidates, name, status)
-    return CandidateList(data=[candidate_out(c) for c in rows])
+    return CandidateList(data=[candidate_out(c, admin=principal.admin) for c in rows])
 
 
 @router.post(
@@ -60,7 +62,7 @@ async def rollback(request: Request, scenario: str) -> ReleaseOut:
     principal.require_admin("rollback")
     body = validate(ReleaseRef, await read_json(request, svc.settings.server.max_body_bytes))
     release = await asyncio.to_thread(svc.chain.rollback, name, body.release_id)
-    return release_out(release, release.id)
+    return release_out(release, release.id, admin=True)  # admins only
 
 
 @router.post(
@@ -75,5 +77,6 @@ async def promote(request: Request, scenario: str) -> ReleaseOut:
     svc, principal, name = caller(request, scenario)
     principal.require_admin("promote")
     body = validate(ReleaseRef, await read_json(request, svc.settings.server.max_body_bytes))
-    release = await asyncio.to_thread(svc.chain.promote, name, body.release_id)
-    return release_out(release, release.id)
+    promote = functools.partial(svc.chain.promote, by=principal.name)
+    release = await asyncio.to_thread(promote, name, body.release_id)
+    return release_out(release, release.id, admin=True)  # admins only

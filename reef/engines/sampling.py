@@ -11,6 +11,9 @@ import torch
 from reef.errors import BadRequest
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+# Below this temperature sampling is greedy (as vLLM's): dividing the logits by a temperature
+# near zero overflows them, and the distribution it approaches is the argmax anyway.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ def sample_rows(
     raw_logprobs = torch.log_softmax(logits, dim=-1)
     chosen: list[int] = []
     for i, p in enumerate(params):
-        if p.temperature == 0:
+        if p.temperature < GREEDY_BELOW:
             chosen.append(int(torch.argmax(logits[i])))
             continue
         probs = torch.softmax(logits[i] / p.temperature, dim=-1)

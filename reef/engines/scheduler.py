@@ -46,6 +46,13 @@ from reef.errors import BadRequest, EngineError, EngineUnavailable, ReefError
 
 log = logging.getLogger(__name__)
 
+
+def _failed(what: str, exc: BaseException) -> str:
+    """What a caller is told about a failure inside the model: what failed and the kind of
+    error, never the exception's text (it can hold paths and tensors); the log has it."""
+    return f"{what} ({type(exc).__name__}); the server log has the details"
+
+
 _STOP = object()  # queued by close(): the scheduler fails what is left and exits
 BASE_ADAPTER = "__base__"  # PEFT's adapter name for rows of a mixed batch that take no adapter
 _MIXED = "__mixed__"  # LoRA layers enabled, each row's adapter named in the forward call
@@ -256,7 +263,7 @@ class Scheduler:
                 except Exception as exc:  # a bug of ours, not the model's: keep serving
                     log.exception("embedded engine scheduler error")
                     for r in [r for g in self._groups.values() for r in g.rows] + new:
-                        self._fail(r, EngineError(f"embedded engine error: {exc}"))
+                        self._fail(r, EngineError(_failed("the embedded engine failed", exc)))
                     self._groups = {}
                 self._retire()
 
@@ -373,7 +380,9 @@ class Scheduler:
         except Exception as exc:
             log.exception("embedded engine: prefill of %d requests failed", len(new))
             for r in new:
-                self._fail(r, EngineError(f"the model failed while reading the prompt: {exc}"))
+                self._fail(
+                    r, EngineError(_failed("the model failed while reading the prompt", exc))
+                )
             return None
         if len(keep) < len(new):
             selected = batch.select(keep)
@@ -395,7 +404,7 @@ class Scheduler:
             # The cache may be half-updated: every row of this step fails, the thread goes on.
             log.exception("embedded engine: decode step over %d rows failed", len(rows))
             for r in rows:
-                self._fail(r, EngineError(f"the model failed while generating: {exc}"))
+                self._fail(r, EngineError(_failed("the model failed while generating", exc)))
             group.batch, group.rows = None, []
             return
         if len(keep) < len(rows):

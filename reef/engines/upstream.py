@@ -2,7 +2,9 @@
 
 The request body goes to `{base_url}/chat/completions` as the client sent it (tools,
 response_format and fields Reef does not know included); only `model` is replaced when an
-upstream model is configured. With `capture_tokens` the engine also asks a vLLM upstream for
+upstream model is configured, and a request that names no max_tokens gets
+`max_completion_tokens` = the configured default (an upstream would otherwise generate to the
+end of its context). With `capture_tokens` the engine also asks a vLLM upstream for
 the exact token ids and log-probs (`return_token_ids`, `logprobs`, usage in streams), keeps
 them for the record, and takes out of the answer what the client did not ask for, so the
 client sees what it would have seen without Reef.
@@ -54,11 +56,13 @@ class UpstreamEngine:
         capture_tokens: bool = False,
         max_connections: int = 512,
         ssl_context: ssl.SSLContext | None = None,
+        default_max_tokens: int | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
         self.capture_tokens = capture_tokens
+        self.default_max_tokens = default_max_tokens
         self._api_key = api_key
         self._max_connections = max_connections
         self._ssl_context = ssl_context
@@ -71,7 +75,11 @@ class UpstreamEngine:
         self._ready_check: asyncio.Task[bool] | None = None
 
     @classmethod
-    def from_settings(cls, settings: EngineSettings) -> UpstreamEngine:
+    def from_settings(
+        cls, settings: EngineSettings, *, default_max_tokens: int | None = None
+    ) -> UpstreamEngine:
+        """`default_max_tokens`: the one to send (Settings.default_max_tokens holds it to the
+        server's cap); default engine.default_max_tokens."""
         if not settings.upstream_url:
             raise ValueError("the upstream engine needs engine.upstream_url")
         key = settings.upstream_api_key
@@ -81,6 +89,7 @@ class UpstreamEngine:
             api_key=key.get_secret_value() if key else None,
             timeout_s=settings.upstream_timeout_s,
             capture_tokens=settings.upstream_capture_tokens,
+            default_max_tokens=default_max_tokens or settings.default_max_tokens,
         )
 
     # Engine protocol
@@ -269,6 +278,14 @@ class UpstreamEngine:
             out["stream"] = True
         elif out.get("stream"):
             out["stream"] = False
+        if (
+            self.default_max_tokens is not None
+            and out.get("max_tokens") is None
+            and out.get("max_completion_tokens") is None
+        ):
+            # OpenAI's current name for it (its reasoning models refuse max_tokens); vLLM
+            # and Reef read it too.
+            out["max_completion_tokens"] = self.default_max_tokens
         if self.capture_tokens:
             out["return_token_ids"] = True
             out["logprobs"] = True

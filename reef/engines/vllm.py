@@ -23,6 +23,14 @@ anything moves. If moving the weights fails, the previous weights are restored (
 their checkpoint) before the error is reported. The dev-mode routes need
 `VLLM_SERVER_DEV_MODE=1` and runtime LoRA loading `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`
 in vLLM's environment; a launched server gets both.
+
+vLLM is not an open door: every call Reef makes to it carries its API key (`Authorization:
+Bearer`), the admin routes and the NCCL sender's included. A launched vLLM binds loopback
+(`engine.vllm_host`) and gets a key (`engine.vllm_api_key`, or a random one) through its
+environment (`VLLM_API_KEY`, never its command line). vLLM itself checks the key only under
+/v1, /v2, /inference and /cohere; the dev-mode routes (/collective_rpc, /pause, the weight
+routes...) answer anyone, so a launched vLLM also loads `reef_vllm_guard` (see
+vllm_plugins/), which asks for the key on every route but /health.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -55,6 +64,9 @@ log = logging.getLogger(__name__)
 
 # The NCCL sender runs in vLLM's environment (it needs vllm, trl and CUDA): a script, not a module.
 SYNC_SCRIPT = Path(__file__).with_name("vllm_sync.py")
+# Modules a launched vLLM imports (this directory goes on its PYTHONPATH): the key guard.
+PLUGINS = Path(__file__).with_name("vllm_plugins")
+GUARD = "reef_vllm_guard.Guard"
 WeightSync = Literal["reload", "nccl"]
 
 
@@ -74,6 +86,7 @@ class VllmServer:
         max_loras: int = 4,
         max_lora_rank: int = 64,
         start_timeout_s: float = 600.0,
+        api_key: str | None = None,
     ):
         self.python = python
         self.model_dir = model_dir
@@ -85,11 +98,14 @@ class VllmServer:
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.start_timeout_s = start_timeout_s
+        self.api_key = api_key  # None: vLLM answers anyone (tests that poke it directly)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """Where to reach it: a wildcard bind is reached on loopback."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     def command(self) -> list[str]:
         # `python -m vllm...api_server`, not the `vllm` CLI: the CLI fails under the CPU
@@ -111,8 +127,26 @@ class VllmServer:
             str(self.max_loras),
             "--max-lora-rank",
             str(self.max_lora_rank),
+            *(("--middleware", GUARD) if self.api_key else ()),
             *self.extra_args,
         ]
+
+    def env(self) -> dict[str, str]:
+        """vLLM's environment: this process's, the routes Reef drives switched on, and the API
+        key (vLLM reads VLLM_API_KEY; a command line would show it to every user of the host)."""
+        env = {
+            **os.environ,
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_SERVER_DEV_MODE": "1",
+        }
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; CPU builds only
+        env.pop("VLLM_API_KEY", None)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(PLUGINS), env.get("PYTHONPATH")) if p
+            )
+        return env
 
     def start(self) -> None:
         """Start the server and wait for its /health (blocking). EngineError with the end of
@@ -124,12 +158,6 @@ class VllmServer:
                 "to a running vLLM)",
                 code="vllm_not_installed",
             )
-        env = {
-            **os.environ,
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_SERVER_DEV_MODE": "1",
-        }
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; CPU builds only
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting vLLM: %s (log: %s)", " ".join(self.command()), self.log_path)
         with self.log_path.open("ab") as out:
@@ -138,11 +166,12 @@ class VllmServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=env,
+                env=self.env(),
                 start_new_session=True,  # stop() signals its whole process group
             )
         deadline = time.monotonic() + self.start_timeout_s
-        with httpx.Client(timeout=5.0) as client:
+        # /health needs no key (vLLM's check and the guard leave it open); sent all the same.
+        with httpx.Client(timeout=5.0, headers=_auth(self.api_key)) as client:
             while True:
                 code = self._proc.poll()
                 if code is not None:
@@ -212,9 +241,16 @@ class VllmEngine(UpstreamEngine):
         sync_python: Path | None = None,
         timeout_s: float = 600.0,
         admin_timeout_s: float = 300.0,
+        api_key: str | None = None,
+        default_max_tokens: int | None = None,
     ):
         super().__init__(
-            url.rstrip("/") + "/v1", model=served_name, timeout_s=timeout_s, capture_tokens=True
+            url.rstrip("/") + "/v1",
+            model=served_name,
+            timeout_s=timeout_s,
+            capture_tokens=True,
+            api_key=api_key,
+            default_max_tokens=default_max_tokens,
         )
         self.root_url = url.rstrip("/")
         self.model_dir = model_dir
@@ -232,26 +268,34 @@ class VllmEngine(UpstreamEngine):
         self._model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
 
     @classmethod
-    def from_config(cls, settings: EngineSettings, state_dir: Path) -> VllmEngine:
-        """Connect to `settings.vllm_url`, or launch vLLM (its log in `state_dir`/vllm.log)."""
+    def from_config(
+        cls, settings: EngineSettings, state_dir: Path, *, default_max_tokens: int | None = None
+    ) -> VllmEngine:
+        """Connect to `settings.vllm_url`, or launch vLLM (its log in `state_dir`/vllm.log).
+
+        `default_max_tokens`: what a request naming none gets (Settings.default_max_tokens
+        holds it to the server's cap); default engine.default_max_tokens."""
         from reef.models import model_id, resolve_model
 
         model_dir = resolve_model(settings.model, settings.model_cache)
         served = model_id(settings.model)
         server = None
         url = settings.vllm_url
+        key = settings.vllm_api_key.get_secret_value() if settings.vllm_api_key else None
         if url is None:
             server = VllmServer(
                 settings.vllm_python,
                 model_dir,
                 served,
                 log_path=state_dir / "vllm.log",
+                host=settings.vllm_host,
                 extra_args=settings.vllm_args,
                 max_loras=settings.vllm_max_loras,
                 max_lora_rank=settings.vllm_max_lora_rank,
                 start_timeout_s=settings.vllm_start_timeout_s,
+                api_key=key or secrets.token_urlsafe(32),
             )
-            url = server.url
+            url, key = server.url, server.api_key
         return cls(
             url,
             served,
@@ -259,6 +303,8 @@ class VllmEngine(UpstreamEngine):
             server=server,
             weight_sync=settings.vllm_weight_sync,
             timeout_s=settings.upstream_timeout_s,
+            api_key=key,
+            default_max_tokens=default_max_tokens or settings.default_max_tokens,
         )
 
     # Engine
@@ -277,7 +323,9 @@ class VllmEngine(UpstreamEngine):
             raise
 
     async def _connect(self) -> None:
-        self._admin = httpx.AsyncClient(base_url=self.root_url, timeout=self.admin_timeout_s)
+        self._admin = httpx.AsyncClient(
+            base_url=self.root_url, timeout=self.admin_timeout_s, headers=_auth(self._api_key)
+        )
         listing = await self._call("GET", "/v1/models", what="listing vLLM's models")
         served = [m["id"] for m in listing.get("data", []) if not m.get("parent")]
         if self.model not in served:
@@ -478,8 +526,12 @@ class VllmEngine(UpstreamEngine):
             "--version",
             version,
         ]
+        # The key goes in the sender's environment, as vLLM's does: never on a command line.
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        if self._api_key:
+            env["VLLM_API_KEY"] = self._api_key
         proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
         )
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), self.admin_timeout_s)
@@ -539,6 +591,8 @@ class VllmEngine(UpstreamEngine):
             message = _vllm_message(r)
             if r.status_code == 404 and path != "/v1/chat/completions":
                 message += " (is vLLM running with VLLM_SERVER_DEV_MODE=1?)"
+            if r.status_code == 401:
+                message += " (engine.vllm_api_key must be the key vLLM was started with)"
             cls = BadRequest if 400 <= r.status_code < 500 else UpstreamError
             raise cls(f"{what}: vLLM answered {r.status_code}: {message}")
         if not r.content:
@@ -563,8 +617,13 @@ def _vllm_message(r: httpx.Response) -> str:
     return str(payload)[:500]
 
 
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port

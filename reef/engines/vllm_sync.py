@@ -12,6 +12,9 @@ The caller has checked the checkpoint against the served model's tensors before 
 and bounds the whole run with a timeout (a hung NCCL collective then becomes an error). Prints
 one JSON line: seconds, bytes, GB/s.
 
+vLLM's API key comes in VLLM_API_KEY (the caller's environment for this process, never its
+command line, where every user of the host could read it) and goes on every HTTP call.
+
     python vllm_sync.py --url http://127.0.0.1:8000 --checkpoint DIR --version scen@rel
 """
 
@@ -19,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     import requests
     import torch
     from safetensors.torch import load_file
+
+    key = os.environ.get("VLLM_API_KEY")
+    headers = auth_headers(key)
+    if key:
+        # TRL's VLLMClient makes its own requests.Session and calls /v1/models with it in its
+        # constructor, before a header could be added to it: make every session carry the key.
+        requests.Session = keyed_session(requests.Session, headers)  # type: ignore[misc]
     from trl.generation.vllm_client import VLLMClient
 
     started = time.perf_counter()
@@ -50,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded_s = time.perf_counter() - started
 
     def post(path: str, **kwargs: object) -> None:
-        r = requests.post(f"{args.url}{path}", timeout=args.http_timeout, **kwargs)  # type: ignore[arg-type]
+        r = requests.post(f"{args.url}{path}", timeout=args.http_timeout, headers=headers, **kwargs)  # type: ignore[arg-type]
         r.raise_for_status()
 
     client = VLLMClient(base_url=args.url, group_port=args.group_port, connection_timeout=30)
@@ -87,6 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def auth_headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def keyed_session(base: Any, headers: dict[str, str]) -> Any:
+    """A requests.Session subclass whose sessions send `headers` on every request."""
+
+    class KeyedSession(base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.headers.update(headers)
+
+    return KeyedSession
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from reef.registry.names import (
     APPROVAL,
     APPROVALS,
     APPROVED,
+    APPROVED_BY,
     CANDIDATE,
     CANDIDATE_KINDS,
     CHAMPION,
@@ -56,6 +57,7 @@ from reef.registry.pyfunc import LOADER_MODULE, ReleaseModel, load, load_release
 from reef.registry.registration import register_base, register_candidate
 from reef.registry.versions import (
     approval,
+    approval_by,
     champion,
     get_tags,
     mark,
@@ -68,6 +70,7 @@ __all__ = [
     "APPROVAL",
     "APPROVALS",
     "APPROVED",
+    "APPROVED_BY",
     "CANDIDATE",
     "CANDIDATE_KINDS",
     "CHAMPION",
@@ -92,6 +95,7 @@ __all__ = [
     "EnvOverride",
     "ReleaseModel",
     "approval",
+    "approval_by",
     "champion",
     "ensure_experiment",
     "get_tags",

@@ -8,7 +8,8 @@
   released / rejected ...) and ``reef.metric.<name>`` per evaluation metric;
 - the alias ``champion`` on the version of the chain's head;
 - ``reef.approval`` ("approved" / "rejected") is the tag a human sets in the UI on a pending
-  candidate's version.
+  weights candidate's version, with ``reef.approved_by`` naming who decided (recorded on the
+  release; "unnamed" when absent).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ DATASET_ID = "reef.dataset_id"
 GATE = "reef.gate"
 STATUS = "reef.status"
 APPROVAL = "reef.approval"
+APPROVED_BY = "reef.approved_by"
 METRIC_PREFIX = "reef.metric."
 
 # reef.status values written here; `mark` accepts others of the same shape (e.g. "pending")
@@ -46,7 +48,7 @@ _SCENARIO = re.compile(r"^[A-Za-z0-9._-]+$")
 
 def model_name(scenario: str) -> str:
     """The registered model mirroring `scenario`'s chain: ``reef-<scenario>``."""
-    if not _SCENARIO.match(scenario):
+    if not _SCENARIO.fullmatch(scenario):
         raise ValueError(f"invalid scenario name '{scenario}' (letters, digits, '.', '_', '-')")
     return MODEL_PREFIX + scenario
 

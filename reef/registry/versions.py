@@ -14,6 +14,7 @@ from reef.registry.clients import does_not_exist, mlflow_client
 from reef.registry.names import (
     APPROVAL,
     APPROVALS,
+    APPROVED_BY,
     CHAMPION,
     RELEASE_ID,
     RELEASED,
@@ -35,7 +36,7 @@ def version_of(client: Any, model_uri_or_version: str | int, scenario: str | Non
         if scenario is None:
             raise ValueError(f"a bare version ({text}) needs a scenario")
         return client.get_model_version(model_name(scenario), text)
-    m = _MODEL_URI.match(text)
+    m = _MODEL_URI.fullmatch(text)
     if not m:
         raise ValueError(f"not a registered model URI (models:/<name>/<version>): '{text}'")
     if scenario is not None and m["name"] != model_name(scenario):
@@ -119,7 +120,7 @@ def mark(
     tracking_uri: str, model_uri: str, status: str, *, registry_uri: str | None = None
 ) -> None:
     """Set ``reef.status`` ("candidate", "pending", "released", "rejected", ...)."""
-    if not _STATUS.match(status):
+    if not _STATUS.fullmatch(status):
         raise ValueError(f"invalid status '{status}' (lower-case word)")
     set_tag(tracking_uri, model_uri, STATUS, status, registry_uri=registry_uri)
 
@@ -127,11 +128,19 @@ def mark(
 def approval(tracking_uri: str, model_uri: str, *, registry_uri: str | None = None) -> str | None:
     """The human decision on a pending candidate: "approved", "rejected", or None while the
     ``reef.approval`` tag is absent (or holds anything else, which is logged)."""
-    value = get_tags(tracking_uri, model_uri, registry_uri=registry_uri).get(APPROVAL)
+    return approval_by(tracking_uri, model_uri, registry_uri=registry_uri)[0]
+
+
+def approval_by(
+    tracking_uri: str, model_uri: str, *, registry_uri: str | None = None
+) -> tuple[str | None, str | None]:
+    """The decision (as `approval`) and who made it: the ``reef.approved_by`` tag, if set."""
+    tags = get_tags(tracking_uri, model_uri, registry_uri=registry_uri)
+    value, by = tags.get(APPROVAL), tags.get(APPROVED_BY)
     if value is None:
-        return None
+        return None, by
     decision = value.strip().lower()
     if decision in APPROVALS:
-        return decision
+        return decision, by
     log.warning("%s: ignoring %s=%r (expected approved or rejected)", model_uri, APPROVAL, value)
-    return None
+    return None, by

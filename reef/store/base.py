@@ -6,7 +6,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from reef.records import Candidate, Consumption, Job, Record, Release, Report, Scenario
+from reef.records import (
+    Candidate,
+    Consumption,
+    Deletion,
+    Job,
+    Record,
+    Release,
+    Report,
+    Scenario,
+)
 
 
 class Store(ABC):
@@ -46,7 +55,18 @@ class Store(ABC):
 
     @abstractmethod
     def delete_scenario(self, name: str) -> None:
-        """Delete the scenario with all its records, reports, releases and candidates."""
+        """Delete the scenario with all its records, reports, releases and candidates, and leave
+        a tombstone (`pending_deletions`) in the same transaction: the commit point of a
+        deletion. NotFound when there is no such scenario (deleted already, say)."""
+
+    @abstractmethod
+    def pending_deletions(self) -> list[Deletion]:
+        """Deleted scenarios whose files and MLflow entries may still exist, oldest first.
+        While a name is here, creating a scenario of that name is a Conflict."""
+
+    @abstractmethod
+    def finish_deletion(self, name: str) -> None:
+        """Drop the tombstone of `name` (its outside state is gone); no-op when there is none."""
 
     # records -------------------------------------------------------------------
     @abstractmethod
@@ -67,8 +87,19 @@ class Store(ABC):
         """Which of `ids` are records of `scenario`."""
 
     @abstractmethod
-    def find_idempotent(self, scenario: str, key: str) -> Record | None:
-        """The record stored under this Idempotency-Key in the scenario, if any."""
+    def get_records(self, scenario: str, ids: Iterable[str]) -> list[Record]:
+        """The records of `scenario` among `ids`, in id order; ids that are not records of the
+        scenario are left out. Looked up by id (in batches), never by scanning the scenario."""
+
+    @abstractmethod
+    def count_awaiting_feedback(self, scenario: str, recipe: str) -> int:
+        """How many records of `scenario` no report of it quotes and `recipe` has not consumed:
+        one aggregate query, no record read into memory."""
+
+    @abstractmethod
+    def find_idempotent(self, scenario: str, route: str, key: str) -> Record | None:
+        """The record stored under this Idempotency-Key for this route in the scenario, if any
+        (a key is unique per scenario and route)."""
 
     @abstractmethod
     def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
@@ -80,6 +111,12 @@ class Store(ABC):
     @abstractmethod
     def session_tail(self, scenario: str, session_id: str) -> Record | None:
         """The record with the highest turn in the session, if the session exists."""
+
+    @abstractmethod
+    def session_records(self, scenario: str, session_id: str, limit: int = 1000) -> list[Record]:
+        """A session's records, first turn first: the chain of parent links that ends at the
+        session's tail (`session_tail`), so a fork starts with the turns it branched from. At
+        most the last `limit` of them; empty for an unknown session. One query."""
 
     @abstractmethod
     def has_children(self, scenario: str, record_id: str) -> bool:
@@ -99,8 +136,9 @@ class Store(ABC):
     def add_report(self, report: Report) -> tuple[Report, bool]:
         """Store a report; returns (stored report, created).
 
-        Same id and same content as a stored one: returns the stored one, created=False.
-        Same id, different content: Conflict.
+        Same id and same content as a stored one of the same scenario: returns the stored
+        one, created=False. Same id, different content: Conflict. Ids are unique per
+        scenario: another scenario's reports never clash.
         """
 
     @abstractmethod

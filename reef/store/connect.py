@@ -19,6 +19,31 @@ def dumps_json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+# Postgres text holds no NUL character, so JSONB (and JSON's text operators) refuse `\u0000`.
+# A value whose JSON has one is stored as an envelope, {"$reef.nul": "<its JSON text>"}: inside
+# a JSON string the escape is plain characters. Reading turns an envelope back into the value,
+# so what a client sent round-trips. A value that is itself a one-key object under that key is
+# put in an envelope too, so reading never mistakes one for the other. Top level only: nested
+# values are inside the envelope's text.
+NUL_ENVELOPE = "$reef.nul"
+
+
+def dumps_postgres_json(value: Any) -> str:
+    text = orjson.dumps(value)
+    if b"\\u0000" in text or (type(value) is dict and len(value) == 1 and NUL_ENVELOPE in value):
+        text = orjson.dumps({NUL_ENVELOPE: text.decode()})
+    return text.decode()
+
+
+def loads_postgres_json(data: str | bytes) -> Any:
+    value = orjson.loads(data)
+    if type(value) is dict and len(value) == 1:
+        inner = value.get(NUL_ENVELOPE)
+        if isinstance(inner, str):
+            return orjson.loads(inner)
+    return value
+
+
 def normalize_url(database_url: str) -> URL:
     try:
         url = make_url(database_url)
@@ -101,8 +126,8 @@ def postgres_engine(
             # failed on the request that happens to draw it.
             pool_pre_ping=True,
             connect_args={"connect_timeout": connect_timeout_s, "application_name": "reef"},
-            json_serializer=dumps_json,
-            json_deserializer=orjson.loads,
+            json_serializer=dumps_postgres_json,
+            json_deserializer=loads_postgres_json,
         )
     except (ImportError, ArgumentError) as e:
         raise ConfigError(f"cannot use database_url driver {url.drivername!r}: {e}") from None

@@ -79,6 +79,8 @@ class RecordInsert:
                 cursor.close()
         except self.dbapi.IntegrityError as e:
             raise IntegrityError(self.sql, None, e) from e
+        except self.dbapi.DataError as e:  # a value the database cannot hold (NUL in text)
+            raise BadRequest(f"invalid value while {what}: {describe_error(e)}") from e
         except self.dbapi.Error as e:
             raise StoreError(f"database error while {what}: {describe_error(e)}") from e
         finally:

@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -215,11 +216,13 @@ class RecordRow(SQLModel, table=True):
             sqlite_where=text("parent_id IS NOT NULL"),
             postgresql_where=text("parent_id IS NOT NULL"),
         ),
-        # One record per Idempotency-Key in a scenario. Partial: most records have no key, and
-        # NULLs never collide anyway (on SQLite and Postgres alike).
+        # One record per Idempotency-Key and route in a scenario (the same key on two routes
+        # names two requests). Partial: most records have no key, and NULLs never collide anyway
+        # (on SQLite and Postgres alike).
         Index(
-            "uq_records_scenario_idempotency_key",
+            "uq_records_scenario_route_idempotency_key",
             "scenario",
+            "route",
             "idempotency_key",
             unique=True,
             sqlite_where=text("idempotency_key IS NOT NULL"),
@@ -281,9 +284,12 @@ class ConsumptionRow(SQLModel, table=True):
 
 class ReportRow(SQLModel, table=True):
     __tablename__ = "reports"
-    __table_args__ = (Index("ix_reports_scenario_id", "scenario", "id"),)
+    # A report_id is the client's idempotency key: unique in its scenario only, so another
+    # scenario's ids neither block nor reveal anything. The key's index also serves scenario
+    # lookups and `after=` pagination.
+    __table_args__ = (PrimaryKeyConstraint("scenario", "id", name="pk_reports"),)
 
-    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    id: str = Field(sa_column=Column("id", Key, nullable=False))
     scenario: str = _scenario_fk("fk_reports_scenario")
     created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
     references: list[str] = Field(sa_column=Column("references", Json, nullable=False))
@@ -296,6 +302,17 @@ class ReportRow(SQLModel, table=True):
     content_hash: str = Field(sa_column=Column("content_hash", String(64), nullable=False))
 
 
+class ScenarioDeletionRow(SQLModel, table=True):
+    """A tombstone: a deleted scenario whose artifact-store keys and MLflow entries are still
+    to be removed (reef.deletion). Written in the transaction that deletes the scenario's rows;
+    while it exists the name cannot be used again. No foreign key: the scenario is gone."""
+
+    __tablename__ = "scenario_deletions"
+
+    name: str = Field(sa_column=Column("name", String, primary_key=True))
+    deleted_at: datetime = Field(sa_column=Column("deleted_at", UTCDateTime, nullable=False))
+
+
 # Core handles on the tables: the store writes and reads through these (no ORM objects on
 # the hot path).
 scenarios: Table = SQLModel.metadata.tables["scenarios"]
@@ -305,3 +322,4 @@ reports: Table = SQLModel.metadata.tables["reports"]
 consumptions: Table = SQLModel.metadata.tables["consumptions"]
 candidates: Table = SQLModel.metadata.tables["candidates"]
 jobs: Table = SQLModel.metadata.tables["jobs"]
+scenario_deletions: Table = SQLModel.metadata.tables["scenario_deletions"]

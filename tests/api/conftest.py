@@ -1,4 +1,5 @@
-"""One real `reef serve --model tiny` for the API tests; each test uses its own scenario."""
+"""One Reef app on the tiny model, served in-process over real HTTP, for the API tests; each
+test uses its own scenario."""
 
 from __future__ import annotations
 
@@ -8,17 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef, ReefServer
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
     state = tmp_path_factory.mktemp("reef-api")
     config = state / "serve.yaml"
     config.write_text(
-        "server:\n  max_body_bytes: 65536\n  max_tokens_cap: 512\nengine:\n  default_max_tokens: 16\n"
+        "server:\n  max_body_bytes: 65536\n  max_tokens_cap: 512\n  metrics_scenario_labels: true\n"
+        "engine:\n  default_max_tokens: 16\n"
     )
-    with ReefServer(state, "--model", "tiny", "-c", str(config)) as srv:
+    with InProcessReef(state, config=config) as srv:
         yield srv
 
 
@@ -32,7 +34,7 @@ def headers(scenario: str) -> dict[str, str]:
     return {"x-reef-scenario": scenario}
 
 
-def records_of(server: ReefServer, scenario: str) -> list[dict]:
+def records_of(server: InProcessReef | ReefServer, scenario: str) -> list[dict]:
     import httpx
 
     r = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records", params={"limit": 1000})
@@ -43,5 +45,5 @@ def records_of(server: ReefServer, scenario: str) -> list[dict]:
 
 
 @pytest.fixture
-def state_dir(server: ReefServer) -> Path:
+def state_dir(server: InProcessReef) -> Path:
     return server.state_dir

@@ -1,4 +1,4 @@
-"""The official anthropic SDK, unchanged, against `reef serve --model tiny`."""
+"""The official anthropic SDK, unchanged, against Reef's app on the tiny model."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import httpx
 import pytest
 
 from tests.api.conftest import records_of
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 
-def client(server: ReefServer, scenario: str) -> anthropic.Anthropic:
+def client(server: InProcessReef, scenario: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(
         base_url=server.url, api_key="unused", default_headers={"x-reef-scenario": scenario}
     )
 
 
-def test_messages_create_with_receipt(server: ReefServer, scenario: str) -> None:
+def test_messages_create_with_receipt(server: InProcessReef, scenario: str) -> None:
     raw = client(server, scenario).messages.with_raw_response.create(
         model="tiny",
         max_tokens=8,
@@ -38,7 +38,9 @@ def test_messages_create_with_receipt(server: ReefServer, scenario: str) -> None
     assert len(record["completion_token_ids"]) == message.usage.output_tokens
 
 
-def test_messages_stream_matches_plain_and_is_recorded(server: ReefServer, scenario: str) -> None:
+def test_messages_stream_matches_plain_and_is_recorded(
+    server: InProcessReef, scenario: str
+) -> None:
     c = client(server, scenario)
     kwargs = dict(
         model="tiny",
@@ -58,7 +60,7 @@ def test_messages_stream_matches_plain_and_is_recorded(server: ReefServer, scena
     assert record["response"]["stop_reason"] == final.stop_reason
 
 
-def test_missing_max_tokens_is_a_clear_400(server: ReefServer, scenario: str) -> None:
+def test_missing_max_tokens_is_a_clear_400(server: InProcessReef, scenario: str) -> None:
     r = httpx.post(
         f"{server.url}/v1/messages",
         json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
@@ -71,7 +73,7 @@ def test_missing_max_tokens_is_a_clear_400(server: ReefServer, scenario: str) ->
     assert records_of(server, scenario) == []
 
 
-def test_anthropic_sdk_sees_typed_error(server: ReefServer, scenario: str) -> None:
+def test_anthropic_sdk_sees_typed_error(server: InProcessReef, scenario: str) -> None:
     with pytest.raises(anthropic.NotFoundError):
         client(server, scenario).messages.create(
             model="claude-unknown", max_tokens=4, messages=[{"role": "user", "content": "hi"}]

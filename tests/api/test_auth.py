@@ -11,13 +11,13 @@ import openai
 import pytest
 
 from api.auth import hash_token
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 ADMIN, ALICE = "admin-secret-token", "alice-secret-token"
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
     state: Path = tmp_path_factory.mktemp("reef-auth")
     config = state / "serve.yaml"
     config.write_text(
@@ -26,11 +26,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
         f"    - {{name: alice, sha256: {hash_token(ALICE)}, scenarios: [alice]}}\n"
     )
     assert ADMIN not in config.read_text()  # only hashes are stored
-    with ReefServer(state, "--model", "tiny", "-c", str(config)) as srv:
+    with InProcessReef(state, config=config) as srv:
         yield srv
 
 
-def _chat(srv: ReefServer, token: str | None, scenario: str) -> httpx.Response:
+def _chat(srv: InProcessReef, token: str | None, scenario: str) -> httpx.Response:
     headers = {"x-reef-scenario": scenario}
     if token:
         headers["authorization"] = f"Bearer {token}"
@@ -38,7 +38,7 @@ def _chat(srv: ReefServer, token: str | None, scenario: str) -> httpx.Response:
     return httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=headers)
 
 
-def test_missing_and_wrong_tokens_are_401(secured: ReefServer) -> None:
+def test_missing_and_wrong_tokens_are_401(secured: InProcessReef) -> None:
     for token in (None, "wrong"):
         r = _chat(secured, token, "alice")
         assert r.status_code == 401
@@ -47,7 +47,7 @@ def test_missing_and_wrong_tokens_are_401(secured: ReefServer) -> None:
         openai.OpenAI(base_url=secured.base_url, api_key="wrong").models.list()
 
 
-def test_scenario_token_is_confined(secured: ReefServer) -> None:
+def test_scenario_token_is_confined(secured: InProcessReef) -> None:
     ok = _chat(secured, ALICE, "alice")
     assert ok.status_code == 200
     receipt = ok.headers["x-reef-agent-record-id"]
@@ -76,7 +76,7 @@ def test_scenario_token_is_confined(secured: ReefServer) -> None:
     assert [s["name"] for s in listed] == ["alice"]
 
 
-def test_x_api_key_works_for_the_anthropic_sdk(secured: ReefServer) -> None:
+def test_x_api_key_works_for_the_anthropic_sdk(secured: InProcessReef) -> None:
     c = anthropic.Anthropic(
         base_url=secured.url, api_key=ALICE, default_headers={"x-reef-scenario": "alice"}
     )

@@ -1,15 +1,52 @@
-"""SIGKILL under load, then restart: every receipt a client was given is readable."""
+"""SIGKILL under load, then restart: every receipt a client was given is readable. The killed
+server is a real `reef serve` process (the kill is what is tested); what restarts on its state
+is the same app, served in-process."""
 
 from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef, ReefServer
+
+Doomed = dict[str, tuple[ReefServer, dict[str, str]]]
+
+
+@pytest.fixture(scope="module")
+def doomed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Doomed]:
+    """A `reef serve` (and its store settings) for each backend this module's selected tests
+    kill, all started at once: a start is a Python process importing torch, ~10 s of one core,
+    and the starts overlap on the others."""
+    backends = {
+        item.callspec.params["backend"]
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+    }
+    servers: Doomed = {}
+    for backend in sorted(backends):
+        args, store = ["--model", "tiny"], {}
+        if backend == "postgres":
+            try:
+                store["database_url"] = request.getfixturevalue("postgres_url")
+            except pytest.skip.Exception:
+                continue  # the test asks for it too, and is skipped
+            args += ["--database-url", store["database_url"]]
+        state = tmp_path_factory.mktemp(f"crash-{backend}")
+        servers[backend] = (ReefServer(state, *args), store)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+            list(pool.map(lambda s: s.start(), [srv for srv, _ in servers.values()]))
+        yield servers
+    finally:
+        for srv, _ in servers.values():
+            srv.kill()
 
 
 def _load(
@@ -34,12 +71,11 @@ def _load(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
 def test_sigkill_under_load_loses_no_acknowledged_record(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+    backend: str, doomed: Doomed, request: pytest.FixtureRequest
 ) -> None:
-    args = ["--model", "tiny"]
     if backend == "postgres":
-        args += ["--database-url", request.getfixturevalue("postgres_url")]
-    server = ReefServer(tmp_path, *args).start()
+        request.getfixturevalue("postgres_url")  # skips where PostgreSQL is not reachable
+    server, store = doomed[backend]
     receipts: list[str] = []
     errors: list[str] = []
     stop = threading.Event()
@@ -63,7 +99,7 @@ def test_sigkill_under_load_loses_no_acknowledged_record(
     assert len(receipts) >= 100, "the load never reached 100 answers"
     acknowledged = list(receipts)
 
-    with ReefServer(tmp_path, *args) as restarted:
+    with InProcessReef(server.state_dir, store=store) as restarted:
         stored: set[str] = set()
         after = None
         while True:

@@ -8,12 +8,12 @@ import httpx
 import pytest
 
 from tests.api.conftest import records_of
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-def _post(server: ReefServer, scenario: str, content: bytes) -> httpx.Response:
+def _post(server: InProcessReef, scenario: str, content: bytes) -> httpx.Response:
     return httpx.post(
         f"{server.url}/v1/chat/completions",
         content=content,
@@ -56,7 +56,7 @@ def _post(server: ReefServer, scenario: str, content: bytes) -> httpx.Response:
     ],
 )
 def test_bad_chat_bodies(
-    server: ReefServer, scenario: str, content: bytes, status: int, code: str, word: str
+    server: InProcessReef, scenario: str, content: bytes, status: int, code: str, word: str
 ) -> None:
     r = _post(server, scenario, content)
     assert r.status_code == status, r.text
@@ -67,7 +67,7 @@ def test_bad_chat_bodies(
     assert records_of(server, scenario) == []
 
 
-def test_body_over_cap_is_413(server: ReefServer, scenario: str) -> None:
+def test_body_over_cap_is_413(server: InProcessReef, scenario: str) -> None:
     big = {**GOOD, "messages": [{"role": "user", "content": "x" * 70_000}]}
     r = httpx.post(
         f"{server.url}/v1/chat/completions", json=big, headers={"x-reef-scenario": scenario}
@@ -77,7 +77,7 @@ def test_body_over_cap_is_413(server: ReefServer, scenario: str) -> None:
     assert records_of(server, scenario) == []
 
 
-def test_body_over_cap_without_content_length_is_413(server: ReefServer, scenario: str) -> None:
+def test_body_over_cap_without_content_length_is_413(server: InProcessReef, scenario: str) -> None:
     def chunks():  # chunked transfer: no Content-Length to trust
         yield b'{"model": "tiny", "messages": [{"role": "user", "content": "'
         for _ in range(80):
@@ -85,12 +85,14 @@ def test_body_over_cap_without_content_length_is_413(server: ReefServer, scenari
         yield b'"}]}'
 
     r = httpx.post(
-        f"{server.url}/v1/chat/completions", content=chunks(), headers={"x-reef-scenario": scenario}
+        f"{server.url}/v1/chat/completions",
+        content=chunks(),
+        headers={"x-reef-scenario": scenario, "content-type": "application/json"},
     )
     assert r.status_code == 413
 
 
-def test_context_overflow_is_400(server: ReefServer, scenario: str) -> None:
+def test_context_overflow_is_400(server: InProcessReef, scenario: str) -> None:
     long = {**GOOD, "messages": [{"role": "user", "content": "word " * 6000}], "max_tokens": 10}
     r = httpx.post(
         f"{server.url}/v1/chat/completions", json=long, headers={"x-reef-scenario": scenario}
@@ -100,7 +102,7 @@ def test_context_overflow_is_400(server: ReefServer, scenario: str) -> None:
     assert records_of(server, scenario) == []
 
 
-def test_bad_scenario_name(server: ReefServer) -> None:
+def test_bad_scenario_name(server: InProcessReef) -> None:
     r = httpx.post(
         f"{server.url}/v1/chat/completions", json=GOOD, headers={"x-reef-scenario": "../etc"}
     )
@@ -108,7 +110,7 @@ def test_bad_scenario_name(server: ReefServer) -> None:
     assert r.json()["error"]["code"] == "invalid_scenario"
 
 
-def test_unknown_route_and_record(server: ReefServer, scenario: str) -> None:
+def test_unknown_route_and_record(server: InProcessReef, scenario: str) -> None:
     r = httpx.get(f"{server.url}/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
     assert _post(server, scenario, json.dumps(GOOD).encode()).status_code == 200

@@ -1,4 +1,4 @@
-"""Harness releases through a real `reef serve`: published on the chain like weights, read back
+"""Harness releases through a served Reef app: published on the chain like weights, read back
 by GET /reef/harness, injected server-side into every call when the harness says so (visible in
 the record, switchable per scenario), kept by a weights release made on top, refused when invalid,
 and held for review (a pending candidate that promote releases) when it adds executable
@@ -17,11 +17,12 @@ from transformers import AutoModelForCausalLM
 
 from deploy.engine import EngineAdmin
 from deploy.release import deploy
+from reef.artifacts import artifacts_for
 from reef.models import resolve_model
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
 from tests.engines.test_embedded_releases import lora
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 RULES = "Answer in French. Keep it short."
 SKILL = "---\nname: greet\ndescription: Greets the user politely.\n---\nSay bonjour first.\n"
@@ -32,17 +33,17 @@ HARNESS = {
 }
 
 
-def _publish(server: ReefServer, scenario: str, body: dict) -> httpx.Response:
+def _publish(server: InProcessReef, scenario: str, body: dict) -> httpx.Response:
     return httpx.post(f"{server.url}/reef/scenarios/{scenario}/harness", json=body, timeout=60)
 
 
-def _harness(server: ReefServer, scenario: str, **params: str) -> dict:
+def _harness(server: InProcessReef, scenario: str, **params: str) -> dict:
     r = httpx.get(f"{server.url}/reef/harness", params={"scenario": scenario, **params})
     assert r.status_code == 200, r.text
     return dict(r.json())
 
 
-def _call(server: ReefServer, scenario: str) -> tuple[dict, str]:
+def _call(server: InProcessReef, scenario: str) -> tuple[dict, str]:
     client = openai.OpenAI(
         base_url=server.base_url, api_key="none", default_headers={"x-reef-scenario": scenario}
     )
@@ -56,7 +57,7 @@ def _call(server: ReefServer, scenario: str) -> tuple[dict, str]:
     return rec, raw.headers["x-reef-release-id"]
 
 
-def test_a_harness_release_is_served_and_injected(server: ReefServer, scenario: str) -> None:
+def test_a_harness_release_is_served_and_injected(server: InProcessReef, scenario: str) -> None:
     plain, base_release = _call(server, scenario)
     assert not any(k.startswith("reef.") for k in plain["tags"])
     empty = _harness(server, scenario)
@@ -107,7 +108,7 @@ def test_a_harness_release_is_served_and_injected(server: ReefServer, scenario: 
 
 
 def test_bad_harnesses_are_refused_and_executable_ones_held_for_review(
-    server: ReefServer, scenario: str
+    server: InProcessReef, scenario: str
 ) -> None:
     httpx.post(f"{server.url}/reef/scenarios", json={"name": scenario}).raise_for_status()
     chain = lambda: httpx.get(f"{server.url}/reef/scenarios/{scenario}/releases").json()["data"]  # noqa: E731
@@ -166,13 +167,15 @@ def test_bad_harnesses_are_refused_and_executable_ones_held_for_review(
 
 
 def test_weights_trained_on_a_harness_keep_it(
-    server: ReefServer, scenario: str, tmp_path: Path
+    server: InProcessReef, scenario: str, tmp_path: Path
 ) -> None:
     r = _publish(server, scenario, {"files": HARNESS})
     assert r.status_code == 201, r.text
     harness_release = r.json()["release_id"]
     tiny = resolve_model("tiny", Path.home() / ".cache" / "reef" / "models")
     lora(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), 3, tmp_path / "a")
+    # where registering a candidate puts its files: the admin routes load nothing else
+    uri = artifacts_for(server.settings).put_tree(f"releases/{scenario}/a", tmp_path / "a")
     store = open_store(f"sqlite:///{server.state_dir / 'reef.db'}")
     admin = EngineAdmin(server.url)
     try:
@@ -183,7 +186,7 @@ def test_weights_trained_on_a_harness_keep_it(
             parent_id=harness_release,
             kind="adapter",
             created_at=utcnow(),
-            uri=str(tmp_path / "a"),
+            uri=uri,
             operation="training",
         )
         published, _ = deploy(store, admin, release)
@@ -198,14 +201,14 @@ def test_weights_trained_on_a_harness_keep_it(
 
 
 @pytest.mark.parametrize("params", [{"release_id": "rel_nope"}])
-def test_unknown_release_is_404(server: ReefServer, scenario: str, params: dict) -> None:
+def test_unknown_release_is_404(server: InProcessReef, scenario: str, params: dict) -> None:
     httpx.post(f"{server.url}/reef/scenarios", json={"name": scenario}).raise_for_status()
     r = httpx.get(f"{server.url}/reef/harness", params={"scenario": scenario, **params})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
 
 
 def test_train_answers_clearly_without_a_worker_and_on_bad_input(
-    server: ReefServer, scenario: str
+    server: InProcessReef, scenario: str
 ) -> None:
     url, headers = f"{server.url}/reef/train", {"x-reef-scenario": scenario}
     for body in ({}, {"text": ""}, {"text": "x", "extra": 1}, {"text": "x" * 4001}):
@@ -219,7 +222,7 @@ def test_train_answers_clearly_without_a_worker_and_on_bad_input(
 
 
 def test_harness_releases_are_mlflow_versions_and_roll_back(
-    server: ReefServer, scenario: str
+    server: InProcessReef, scenario: str
 ) -> None:
     from reef import registry
 

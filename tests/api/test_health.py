@@ -7,10 +7,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 
-def test_healthz_and_readyz(server: ReefServer) -> None:
+def test_healthz_and_readyz(server: InProcessReef) -> None:
     assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
     r = httpx.get(f"{server.url}/readyz")
     assert r.status_code == 200
@@ -18,7 +18,7 @@ def test_healthz_and_readyz(server: ReefServer) -> None:
 
 
 def test_metrics_count_requests_tokens_records_and_errors(
-    server: ReefServer, scenario: str
+    server: InProcessReef, scenario: str
 ) -> None:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     httpx.post(
@@ -47,7 +47,7 @@ def test_metrics_count_requests_tokens_records_and_errors(
     )
 
 
-def test_openapi_spec_documents_the_routes(server: ReefServer) -> None:
+def test_openapi_spec_documents_the_routes(server: InProcessReef) -> None:
     spec = httpx.get(f"{server.url}/openapi.json").json()
     for path in (
         "/v1/chat/completions",

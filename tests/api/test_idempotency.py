@@ -10,12 +10,12 @@ import httpx
 import openai
 
 from tests.api.conftest import records_of
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 
-def _client(server: ReefServer, scenario: str) -> openai.OpenAI:
+def _client(server: InProcessReef, scenario: str) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=server.base_url,
         api_key="unused",
@@ -28,7 +28,7 @@ def _key() -> str:
     return f"key-{uuid.uuid4().hex}"
 
 
-def test_retry_with_the_same_key_gets_the_same_record(server: ReefServer, scenario: str) -> None:
+def test_retry_with_the_same_key_gets_the_same_record(server: InProcessReef, scenario: str) -> None:
     c = _client(server, scenario)
     key = _key()
     # temperature 1: a second engine run would (almost surely) answer differently.
@@ -54,7 +54,7 @@ def test_retry_with_the_same_key_gets_the_same_record(server: ReefServer, scenar
     )
 
 
-def test_stream_replay_parses_with_the_sdk(server: ReefServer, scenario: str) -> None:
+def test_stream_replay_parses_with_the_sdk(server: InProcessReef, scenario: str) -> None:
     c = _client(server, scenario)
     key = _key()
     kwargs = {
@@ -83,7 +83,7 @@ def test_stream_replay_parses_with_the_sdk(server: ReefServer, scenario: str) ->
     assert record["response"]["choices"][0]["message"]["content"] == texts[0]
 
 
-def test_same_key_with_a_different_body_conflicts(server: ReefServer, scenario: str) -> None:
+def test_same_key_with_a_different_body_conflicts(server: InProcessReef, scenario: str) -> None:
     c = _client(server, scenario)
     key = _key()
     c.chat.completions.create(
@@ -101,7 +101,9 @@ def test_same_key_with_a_different_body_conflicts(server: ReefServer, scenario: 
     assert len(records_of(server, scenario)) == 1
 
 
-def test_concurrent_identical_requests_make_one_record(server: ReefServer, scenario: str) -> None:
+def test_concurrent_identical_requests_make_one_record(
+    server: InProcessReef, scenario: str
+) -> None:
     key = _key()
     receipts: list[str] = []
     contents: list[str | None] = []
@@ -130,7 +132,7 @@ def test_concurrent_identical_requests_make_one_record(server: ReefServer, scena
     assert [r["id"] for r in records_of(server, scenario)] == receipts[:1]
 
 
-def test_key_is_scoped_per_scenario(server: ReefServer) -> None:
+def test_key_is_scoped_per_scenario(server: InProcessReef) -> None:
     key = _key()
     one, two = f"t-{uuid.uuid4().hex[:12]}", f"t-{uuid.uuid4().hex[:12]}"
     a = _client(server, one).chat.completions.with_raw_response.create(
@@ -144,7 +146,7 @@ def test_key_is_scoped_per_scenario(server: ReefServer) -> None:
     assert len(records_of(server, one)) == len(records_of(server, two)) == 1
 
 
-def test_invalid_key_is_rejected(server: ReefServer, scenario: str) -> None:
+def test_invalid_key_is_rejected(server: InProcessReef, scenario: str) -> None:
     r = httpx.post(
         f"{server.base_url}/chat/completions",
         headers={"x-reef-scenario": scenario, "Idempotency-Key": "k" * 256},
@@ -154,7 +156,7 @@ def test_invalid_key_is_rejected(server: ReefServer, scenario: str) -> None:
     assert r.json()["error"]["code"] == "invalid_idempotency_key"
 
 
-def test_anthropic_retry_and_stream_replay(server: ReefServer, scenario: str) -> None:
+def test_anthropic_retry_and_stream_replay(server: InProcessReef, scenario: str) -> None:
     c = anthropic.Anthropic(
         base_url=server.url,
         api_key="unused",

@@ -1,4 +1,4 @@
-"""The official openai SDK, unchanged, against `reef serve --model tiny`."""
+"""The official openai SDK, unchanged, against Reef's app on the tiny model."""
 
 from __future__ import annotations
 
@@ -9,23 +9,25 @@ import openai
 import pytest
 
 from tests.api.conftest import records_of
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
 
 
-def client(server: ReefServer, scenario: str) -> openai.OpenAI:
+def client(server: InProcessReef, scenario: str) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=server.base_url, api_key="unused", default_headers={"x-reef-scenario": scenario}
     )
 
 
-def test_models_lists_the_engine_model(server: ReefServer) -> None:
+def test_models_lists_the_engine_model(server: InProcessReef) -> None:
     models = openai.OpenAI(base_url=server.base_url, api_key="unused").models.list()
     assert [m.id for m in models.data] == ["tiny"]
 
 
-def test_create_returns_receipt_and_record_keeps_tokens(server: ReefServer, scenario: str) -> None:
+def test_create_returns_receipt_and_record_keeps_tokens(
+    server: InProcessReef, scenario: str
+) -> None:
     raw = client(server, scenario).chat.completions.with_raw_response.create(
         model="tiny", messages=MESSAGES, max_tokens=8, temperature=0
     )
@@ -54,7 +56,7 @@ def test_create_returns_receipt_and_record_keeps_tokens(server: ReefServer, scen
     assert scenario_info["head_release_id"] == release
 
 
-def test_greedy_is_deterministic_and_seed_reproduces(server: ReefServer, scenario: str) -> None:
+def test_greedy_is_deterministic_and_seed_reproduces(server: InProcessReef, scenario: str) -> None:
     c = client(server, scenario)
     greedy = [
         c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
@@ -75,7 +77,7 @@ def test_greedy_is_deterministic_and_seed_reproduces(server: ReefServer, scenari
 
 
 def test_streaming_headers_carry_receipt_and_record_is_stored(
-    server: ReefServer, scenario: str
+    server: InProcessReef, scenario: str
 ) -> None:
     c = client(server, scenario)
     with c.chat.completions.with_streaming_response.create(
@@ -93,7 +95,7 @@ def test_streaming_headers_carry_receipt_and_record_is_stored(
 
 
 def test_async_client_concurrent_calls_each_get_a_receipt(
-    server: ReefServer, scenario: str
+    server: InProcessReef, scenario: str
 ) -> None:
     async def run() -> list[str]:
         ac = openai.AsyncOpenAI(
@@ -120,7 +122,7 @@ def test_async_client_concurrent_calls_each_get_a_receipt(
     assert stored == set(receipts)
 
 
-def test_tags_headers_are_stored(server: ReefServer, scenario: str) -> None:
+def test_tags_headers_are_stored(server: InProcessReef, scenario: str) -> None:
     raw = client(server, scenario).chat.completions.with_raw_response.create(
         model="tiny",
         messages=MESSAGES,
@@ -132,7 +134,7 @@ def test_tags_headers_are_stored(server: ReefServer, scenario: str) -> None:
     assert record["tags"] == {"user": "alice", "experiment": "b"}
 
 
-def test_unknown_model_is_404_and_records_nothing(server: ReefServer, scenario: str) -> None:
+def test_unknown_model_is_404_and_records_nothing(server: InProcessReef, scenario: str) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client(server, scenario).chat.completions.create(model="gpt-9", messages=MESSAGES)
     assert err.value.body["code"] == "model_not_found"  # type: ignore[index]
@@ -140,7 +142,7 @@ def test_unknown_model_is_404_and_records_nothing(server: ReefServer, scenario: 
     assert records_of(server, scenario) == []
 
 
-def test_max_tokens_over_cap_is_400(server: ReefServer, scenario: str) -> None:
+def test_max_tokens_over_cap_is_400(server: InProcessReef, scenario: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client(server, scenario).chat.completions.create(
             model="tiny", messages=MESSAGES, max_tokens=100_000

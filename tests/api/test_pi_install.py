@@ -4,7 +4,8 @@ the harness release that served them, `reef-pi report` reports on its last sessi
 a new harness release `reef-pi update` installs it and the next run is served by it;
 `reef-pi evolve "<ask>"` turns an instruction into a candidate that waits for review.
 
-Needs Node.js >= 20.6 and npm (the install fetches the pinned pi from the npm registry)."""
+Needs Node.js >= 20.6 and npm (the install fetches the pinned pi from the npm registry). The
+whole round trip (a real `reef serve` with its evolve worker) is a `loop` test."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from reef.models import resolve_model
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef, ReefServer
 
 S = "pi-agent"
 RULES_1 = "Reef rule one: always answer in French."
@@ -28,7 +29,7 @@ ASK = "when I ask you to fix a bug, reproduce it with a failing test first"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+def pi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.fail("these tests need Node.js >= 20.6 and npm on PATH")
     # pi's own system prompt is ~3.3k tokens of the tiny model's small vocabulary: serve the
@@ -84,15 +85,16 @@ def _run(cmd: list[str], home: Path, cwd: Path, stdin: str | None = None) -> str
     return out.stdout + out.stderr
 
 
+@pytest.mark.loop
 def test_pi_installed_by_the_script_is_served_and_updated(
-    server: ReefServer, tmp_path: Path
+    pi_server: ReefServer, tmp_path: Path
 ) -> None:
-    first = _harness(server, RULES_1)
+    first = _harness(pi_server, RULES_1)
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
     project.mkdir()
     script = httpx.get(
-        f"{server.url}/reef/harness/install",
+        f"{pi_server.url}/reef/harness/install",
         params={"adapter": "pi", "scenario": S, "max_tokens": 16},
     )
     assert script.status_code == 200 and script.text.startswith("#!/bin/sh")
@@ -105,7 +107,7 @@ def test_pi_installed_by_the_script_is_served_and_updated(
     assert (agent / "skills" / "cite" / "SKILL.md").is_file()
     assert (agent / "prompts" / "review.md").is_file()
     provider = json.loads((agent / "models.json").read_text())["providers"]["reef"]
-    assert provider["baseUrl"] == f"{server.url}/v1"
+    assert provider["baseUrl"] == f"{pi_server.url}/v1"
     assert provider["headers"]["x-reef-scenario"] == S
     installed = json.loads((home / ".reef-pi" / "installed.json").read_text())
     assert installed["release_id"] == first
@@ -124,7 +126,7 @@ def test_pi_installed_by_the_script_is_served_and_updated(
     # pi runs against Reef; its calls are recorded with the release that served them
     _run(["pi", "-p", "Say hi."], home, project)
     session = (home / ".reef-pi" / "last-session").read_text().strip()
-    turns = httpx.get(f"{server.url}/reef/scenarios/{S}/sessions/{session}").json()["data"]
+    turns = httpx.get(f"{pi_server.url}/reef/scenarios/{S}/sessions/{session}").json()["data"]
     assert turns and all(t["release_id"] == first for t in turns)
     system = turns[0]["request"]["messages"][0]
     assert system["role"] == "system" and RULES_1 in json.dumps(system)
@@ -133,13 +135,13 @@ def test_pi_installed_by_the_script_is_served_and_updated(
     assert f"reported on {len(turns)} receipts" in out, out
 
     # a new harness release: reef-pi update installs it, and the next run is served by it
-    second = _harness(server, RULES_2)
+    second = _harness(pi_server, RULES_2)
     out = _run(["reef-pi", "update"], home, project)
     assert f"installed release {second}" in out, out
     assert (agent / "AGENTS.md").read_text() == RULES_2
     _run(["pi", "-p", "Say hi again."], home, project)
     session = (home / ".reef-pi" / "last-session").read_text().strip()
-    turns = httpx.get(f"{server.url}/reef/scenarios/{S}/sessions/{session}").json()["data"]
+    turns = httpx.get(f"{pi_server.url}/reef/scenarios/{S}/sessions/{session}").json()["data"]
     assert turns and all(t["release_id"] == second for t in turns)
     assert RULES_2 in json.dumps(turns[0]["request"]["messages"][0])
 
@@ -148,11 +150,11 @@ def test_pi_installed_by_the_script_is_served_and_updated(
     out = _run(["reef-pi", "evolve", ASK], home, project)
     assert "waits for review" in out, out
     cand = httpx.get(
-        f"{server.url}/reef/scenarios/{S}/candidates", params={"status": "pending"}
+        f"{pi_server.url}/reef/scenarios/{S}/candidates", params={"status": "pending"}
     ).json()["data"][0]
     assert cand["operation"] == "harness" and cand["recipe"] == "instruct"
     r = httpx.post(
-        f"{server.url}/reef/scenarios/{S}/promote",
+        f"{pi_server.url}/reef/scenarios/{S}/promote",
         json={"release_id": cand["release_id"]},
         timeout=60,
     )
@@ -163,7 +165,9 @@ def test_pi_installed_by_the_script_is_served_and_updated(
     assert rules.startswith(RULES_2) and f"## Instructions\n- {ASK}" in rules
 
 
-def test_the_install_root_may_not_be_inside_the_project(server: ReefServer, tmp_path: Path) -> None:
+def test_the_install_root_may_not_be_inside_the_project(
+    server: InProcessReef, tmp_path: Path
+) -> None:
     project = tmp_path / "project"
     project.mkdir()
     subprocess.run(["git", "init", "-q", str(project)], check=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import openai
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 
-def _receipts(server: ReefServer, scenario: str, n: int) -> list[str]:
+def _receipts(server: InProcessReef, scenario: str, n: int) -> list[str]:
     c = openai.OpenAI(
         base_url=server.base_url, api_key="unused", default_headers={"x-reef-scenario": scenario}
     )
@@ -21,7 +21,7 @@ def _receipts(server: ReefServer, scenario: str, n: int) -> list[str]:
 
 
 def test_report_roundtrip_and_idempotency(
-    server: ReefServer, scenario: str, headers: dict[str, str]
+    server: InProcessReef, scenario: str, headers: dict[str, str]
 ) -> None:
     refs = _receipts(server, scenario, 2)
     body = {
@@ -47,7 +47,7 @@ def test_report_roundtrip_and_idempotency(
 
 
 def test_report_without_id_gets_one(
-    server: ReefServer, scenario: str, headers: dict[str, str]
+    server: InProcessReef, scenario: str, headers: dict[str, str]
 ) -> None:
     (ref,) = _receipts(server, scenario, 1)
     r = httpx.post(
@@ -58,7 +58,7 @@ def test_report_without_id_gets_one(
 
 
 def test_unknown_and_foreign_receipts_are_rejected(
-    server: ReefServer, scenario: str, headers: dict[str, str]
+    server: InProcessReef, scenario: str, headers: dict[str, str]
 ) -> None:
     (own,) = _receipts(server, scenario, 1)
     (foreign,) = _receipts(server, scenario + "-other", 1)
@@ -79,7 +79,7 @@ def test_unknown_and_foreign_receipts_are_rejected(
     assert r.json()["error"]["type"] == "not_found_error"
 
 
-def test_bad_report_bodies(server: ReefServer, scenario: str, headers: dict[str, str]) -> None:
+def test_bad_report_bodies(server: InProcessReef, scenario: str, headers: dict[str, str]) -> None:
     (ref,) = _receipts(server, scenario, 1)
     cases = [
         ({"score": "high", "references": [ref]}, "score"),

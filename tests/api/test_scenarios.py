@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 
 from tests.api.conftest import records_of
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 
-def test_create_get_list_delete(server: ReefServer, scenario: str) -> None:
+def test_create_get_list_delete(server: InProcessReef, scenario: str) -> None:
     r = httpx.post(f"{server.url}/reef/scenarios", json={"name": scenario, "description": "demo"})
     assert r.status_code == 201
     created = r.json()
@@ -40,7 +40,7 @@ def test_create_get_list_delete(server: ReefServer, scenario: str) -> None:
     assert len(records_of(server, scenario)) == 1
 
 
-def test_first_use_creates_default_scenario(server: ReefServer) -> None:
+def test_first_use_creates_default_scenario(server: InProcessReef) -> None:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body)
     assert r.status_code == 200
@@ -48,7 +48,7 @@ def test_first_use_creates_default_scenario(server: ReefServer) -> None:
     assert httpx.get(f"{server.url}/reef/scenarios/default/records/{receipt}").status_code == 200
 
 
-def test_record_pagination(server: ReefServer, scenario: str) -> None:
+def test_record_pagination(server: InProcessReef, scenario: str) -> None:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     receipts = [
         httpx.post(

@@ -7,10 +7,10 @@ import httpx
 import openai
 import pytest
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 
-def _client(server: ReefServer, scenario: str, **headers: str) -> openai.OpenAI:
+def _client(server: InProcessReef, scenario: str, **headers: str) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=server.base_url,
         api_key="unused",
@@ -27,13 +27,13 @@ def _ask(c: openai.OpenAI, messages: list[dict], **headers: str) -> tuple[str, d
     return raw.headers["x-reef-agent-record-id"], message.model_dump()
 
 
-def _record(server: ReefServer, scenario: str, receipt: str) -> dict:
+def _record(server: InProcessReef, scenario: str, receipt: str) -> dict:
     r = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records/{receipt}")
     r.raise_for_status()
     return r.json()
 
 
-def test_three_turns_form_one_session(server: ReefServer, scenario: str) -> None:
+def test_three_turns_form_one_session(server: InProcessReef, scenario: str) -> None:
     c = _client(server, scenario)
     history: list[dict] = [
         {"role": "system", "content": "Be brief."},
@@ -62,7 +62,7 @@ def test_three_turns_form_one_session(server: ReefServer, scenario: str) -> None
     assert {r["id"]: r["turn"] for r in listed}[receipts[2]] == 2
 
 
-def test_a_fork_becomes_its_own_session(server: ReefServer, scenario: str) -> None:
+def test_a_fork_becomes_its_own_session(server: InProcessReef, scenario: str) -> None:
     c = _client(server, scenario)
     start = [{"role": "user", "content": "Name a tree."}]
     first, answer = _ask(c, start)
@@ -81,7 +81,7 @@ def test_a_fork_becomes_its_own_session(server: ReefServer, scenario: str) -> No
     assert (r3["session_id"], r3["turn"], r3["parent_id"]) == (rf["session_id"], 2, fork)
 
 
-def test_explicit_session_id_wins(server: ReefServer, scenario: str) -> None:
+def test_explicit_session_id_wins(server: InProcessReef, scenario: str) -> None:
     c = _client(server, scenario, **{"x-reef-session-id": "user-42:chat"})
     a, _ = _ask(c, [{"role": "user", "content": "Name a fish."}])
     b, _ = _ask(c, [{"role": "user", "content": "Name a bird."}])
@@ -91,7 +91,7 @@ def test_explicit_session_id_wins(server: ReefServer, scenario: str) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "has space", "x" * 129, "-leading"])
-def test_invalid_session_id_is_rejected(server: ReefServer, scenario: str, bad: str) -> None:
+def test_invalid_session_id_is_rejected(server: InProcessReef, scenario: str, bad: str) -> None:
     r = httpx.post(
         f"{server.base_url}/chat/completions",
         headers={"x-reef-scenario": scenario, "x-reef-session-id": bad},
@@ -101,7 +101,7 @@ def test_invalid_session_id_is_rejected(server: ReefServer, scenario: str, bad: 
     assert r.json()["error"]["code"] == "invalid_session_id"
 
 
-def test_anthropic_route_stitches_turns(server: ReefServer, scenario: str) -> None:
+def test_anthropic_route_stitches_turns(server: InProcessReef, scenario: str) -> None:
     c = anthropic.Anthropic(
         base_url=server.url, api_key="unused", default_headers={"x-reef-scenario": scenario}
     )

@@ -1,4 +1,5 @@
-"""`reef serve --engine upstream`: Reef in front of another OpenAI-compatible server.
+"""The upstream engine (`reef serve --engine upstream`): Reef in front of another
+OpenAI-compatible server.
 
 The upstream is either a second Reef serving the tiny model (real generation, token ids
 through vLLM's `return_token_ids` extension) or bench/echo_upstream.py, which fails on
@@ -16,31 +17,29 @@ import openai
 import pytest
 
 from tests.api.conftest import records_of
-from tests.reefserver import EchoUpstream, ReefServer
+from tests.reefserver import EchoUpstream, InProcessReef, ReefServer
 
 
 @pytest.fixture(scope="module")
-def chained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReefServer, ReefServer]]:
+def chained(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[InProcessReef, InProcessReef]]:
     """front (upstream engine, token capture on) → back (embedded tiny model)."""
     back_dir: Path = tmp_path_factory.mktemp("back")
     front_dir: Path = tmp_path_factory.mktemp("front")
     (front_dir / "serve.yaml").write_text("engine:\n  upstream_capture_tokens: true\n")
-    with ReefServer(back_dir, "--model", "tiny") as back:
-        front = ReefServer(
+    with InProcessReef(back_dir) as back:
+        front = InProcessReef(
             front_dir,
-            "--engine",
-            "upstream",
-            "--upstream-url",
-            back.base_url,
-            "-c",
-            str(front_dir / "serve.yaml"),
+            config=front_dir / "serve.yaml",
+            engine={"kind": "upstream", "upstream_url": back.base_url},
         )
         with front:
             yield front, back
 
 
 def test_front_records_the_upstreams_tokens(
-    chained: tuple[ReefServer, ReefServer], scenario: str
+    chained: tuple[InProcessReef, InProcessReef], scenario: str
 ) -> None:
     front, back = chained
     c = openai.OpenAI(
@@ -64,7 +63,9 @@ def test_front_records_the_upstreams_tokens(
     )
 
 
-def test_front_streams_and_records(chained: tuple[ReefServer, ReefServer], scenario: str) -> None:
+def test_front_streams_and_records(
+    chained: tuple[InProcessReef, InProcessReef], scenario: str
+) -> None:
     front, _ = chained
     c = openai.OpenAI(
         base_url=front.base_url, api_key="unused", default_headers={"x-reef-scenario": scenario}
@@ -83,14 +84,16 @@ def test_front_streams_and_records(chained: tuple[ReefServer, ReefServer], scena
 @pytest.fixture(scope="module")
 def over_echo(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[ReefServer, EchoUpstream]]:
+) -> Iterator[tuple[InProcessReef, EchoUpstream]]:
     with EchoUpstream("--model", "echo") as echo:
         state: Path = tmp_path_factory.mktemp("over-echo")
-        with ReefServer(state, "--engine", "upstream", "--upstream-url", echo.base_url) as front:
+        with InProcessReef(
+            state, engine={"kind": "upstream", "upstream_url": echo.base_url}
+        ) as front:
             yield front, echo
 
 
-def _chat(front: ReefServer, scenario: str, **extra: object) -> httpx.Response:
+def _chat(front: InProcessReef | ReefServer, scenario: str, **extra: object) -> httpx.Response:
     body = {"model": "echo", "messages": [{"role": "user", "content": "hi there"}], **extra}
     return httpx.post(
         f"{front.url}/v1/chat/completions", json=body, headers={"x-reef-scenario": scenario}
@@ -98,7 +101,7 @@ def _chat(front: ReefServer, scenario: str, **extra: object) -> httpx.Response:
 
 
 def test_upstream_5xx_is_502_and_nothing_recorded(
-    over_echo: tuple[ReefServer, EchoUpstream], scenario: str
+    over_echo: tuple[InProcessReef, EchoUpstream], scenario: str
 ) -> None:
     front, _ = over_echo
     r = _chat(front, scenario, echo_upstream={"status": 500, "message": "GPU on fire"})
@@ -108,7 +111,9 @@ def test_upstream_5xx_is_502_and_nothing_recorded(
     assert records_of(front, scenario) == []
 
 
-def test_upstream_4xx_is_relayed(over_echo: tuple[ReefServer, EchoUpstream], scenario: str) -> None:
+def test_upstream_4xx_is_relayed(
+    over_echo: tuple[InProcessReef, EchoUpstream], scenario: str
+) -> None:
     front, _ = over_echo
     r = _chat(front, scenario, echo_upstream={"status": 422, "message": "bad tool schema"})
     assert r.status_code == 422
@@ -117,7 +122,7 @@ def test_upstream_4xx_is_relayed(over_echo: tuple[ReefServer, EchoUpstream], sce
 
 
 def test_tools_and_response_format_pass_through(
-    over_echo: tuple[ReefServer, EchoUpstream], scenario: str
+    over_echo: tuple[InProcessReef, EchoUpstream], scenario: str
 ) -> None:
     front, _ = over_echo
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
@@ -140,6 +145,8 @@ def test_tools_and_response_format_pass_through(
 
 
 def test_unreachable_upstream_is_502(tmp_path: Path, scenario: str) -> None:
+    """Through the `reef serve` command line (a subprocess: no torch to load with this engine),
+    so its `--engine upstream --upstream-url --upstream-model` flags are what configure it."""
     with EchoUpstream("--model", "echo") as echo:
         front = ReefServer(
             tmp_path,

@@ -9,13 +9,13 @@ import pytest
 from cli.main import main
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 
 def test_releases_and_rollback_from_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with ReefServer(tmp_path / "state", "--model", "tiny") as srv:
+    with InProcessReef(tmp_path / "state") as srv:
         store = open_store(f"sqlite:///{srv.state_dir / 'reef.db'}")
         try:
             base = store.ensure_scenario("ops").head_release_id

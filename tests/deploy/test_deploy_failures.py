@@ -1,6 +1,6 @@
 """A deploy that fails leaves the head where it was: an adapter that computes NaN fails the smoke
 generation, one that does not fit the model is refused before anything moves, and neither stays
-loaded. Driven through a real `reef serve`'s admin routes, as a flow's deploy does."""
+loaded. Driven over HTTP through the admin routes of a served Reef app, as a flow's deploy does."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ from deploy.release import deploy
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
 from tests.engines.test_embedded_releases import lora
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 S = "fails"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with ReefServer(tmp_path_factory.mktemp("fails"), "--model", "tiny") as srv:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    # the adapters are directories the test writes, not artifact-store files
+    with InProcessReef(tmp_path_factory.mktemp("fails"), engine={"allow_local_paths": True}) as srv:
         yield srv
 
 
@@ -43,7 +44,9 @@ def _release(store, path: Path) -> Release:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("broken", ["nan", "misfit"])
-def test_a_failed_deploy_leaves_the_head(server: ReefServer, tmp_path: Path, broken: str) -> None:
+def test_a_failed_deploy_leaves_the_head(
+    server: InProcessReef, tmp_path: Path, broken: str
+) -> None:
     from reef.models import resolve_model
 
     tiny = resolve_model("tiny", Path.home() / ".cache" / "reef" / "models")

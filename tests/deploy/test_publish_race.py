@@ -1,5 +1,5 @@
 """32 publishers race to move one scenario's head from the same parent, each through the full
-deploy path (MLflow model version, engine admin routes of a real `reef serve`, CAS, alias):
+deploy path (MLflow model version, engine admin routes of a served Reef app, CAS, alias):
 exactly one wins, the chain stays linear, and MLflow's champion alias names the head."""
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ from reef import registry
 from reef.errors import HeadMoved
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 S = "race"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with ReefServer(tmp_path_factory.mktemp("race"), "--model", "tiny") as srv:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    with InProcessReef(tmp_path_factory.mktemp("race")) as srv:
         yield srv
 
 
-def test_32_publishers_one_winner(server: ReefServer) -> None:
+def test_32_publishers_one_winner(server: InProcessReef) -> None:
     state: Path = server.state_dir
     tracking = f"sqlite:///{(state / 'mlflow.db').resolve()}"
     store = open_store(f"sqlite:///{state / 'reef.db'}")

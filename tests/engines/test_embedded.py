@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -264,6 +266,76 @@ def test_context_overflow_is_a_bad_request(engine: Any) -> None:
     assert engine.stats.requests == before  # nothing was queued
 
 
+SENTENCE = "the quick brown fox jumps over the lazy dog while 42 agents write code { } ; "
+FOUR_MB = (SENTENCE * (4_000_000 // len(SENTENCE) + 1))[:4_000_000]
+
+
+def test_text_longer_than_the_context_can_spell_is_refused_untokenized(engine: Any) -> None:
+    # More characters than max_context tokens can spell (the longest vocabulary entry, times
+    # the context): refused without tokenizing 4 MB (seconds, and the encoding of 1.5 M
+    # tokens would be freed holding the interpreter lock).
+    with pytest.raises(BadRequest) as err:
+        run(engine.complete(greedy(FOUR_MB)))
+    assert err.value.code == "context_length_exceeded"
+    assert "4000" in err.value.message and "characters" in err.value.message
+
+
+def test_large_prompt_is_tokenized_off_the_event_loop(tiny_dir: Path) -> None:
+    """A prompt of many characters that the context could hold (a long-context model: the
+    tiny model's context is raised here) is rendered and tokenized on a worker thread: the
+    event loop keeps running meanwhile."""
+
+    async def go(engine: Any) -> tuple[float, float, BadRequest]:
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            while True:
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.005)
+                gaps.append(time.perf_counter() - t0)
+
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        try:
+            # Tokenized and counted, then found too long for the completion asked.
+            await engine.complete(greedy(FOUR_MB, max_tokens=engine.max_context - 10))
+        except BadRequest as e:
+            error = e
+        elapsed = time.perf_counter() - t0
+        await asyncio.sleep(0.02)  # the ticker records the gap it is in
+        ticker.cancel()
+        return elapsed, max(gaps), error
+
+    with running_engine(tiny_dir) as engine:
+        engine.max_context = 10**7
+        elapsed, longest_gap, error = run(go(engine))
+    assert error.code == "context_length_exceeded"
+    assert re.search(r"\(\d{7} in the messages", error.message), error.message  # tokenized
+    # Tokenizing 4 MB takes seconds; on the loop, the loop would stop for all of them.
+    assert elapsed > 1.0
+    assert longest_gap < elapsed / 4, (longest_gap, elapsed)
+
+
+def test_prompt_tokens_are_transformers_tokens(tiny_dir: Path) -> None:
+    from reef.engines.prompt import ChatRenderer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    renderer = ChatRenderer(tokenizer)
+    body = {
+        "messages": [
+            {"role": "system", "content": "be brief <|im_start|> or not"},
+            {"role": "user", "content": "héllo wörld 😀 " * 50 + "<|im_end|> {json: [1, 2]}"},
+        ]
+    }
+    text = renderer.prompt_text(body)
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    assert renderer.prompt_ids(body) == expected
+    assert renderer.encode(text, len(expected)) == (len(expected), expected)
+    assert renderer.encode(text, len(expected) - 1) == (len(expected), None)
+    assert renderer.max_chars(len(expected)) >= len(text)
+
+
 def test_only_one_choice(engine: Any) -> None:
     with pytest.raises(BadRequest) as err:
         run(engine.complete(greedy("hi", n=2)))
@@ -313,7 +385,9 @@ def test_a_model_failure_fails_only_its_step(tiny_dir: Path) -> None:
         try:
             with pytest.raises(EngineError) as err:
                 run(engine.complete(greedy("hi", max_tokens=3)))
-            assert "simulated kernel failure" in err.value.message
+            # the caller learns what failed, never the exception text (the log has it)
+            assert "reading the prompt" in err.value.message
+            assert "simulated kernel failure" not in err.value.message
             assert run(engine.ready())
             c = run(engine.complete(greedy("hi", max_tokens=3)))
             assert len(c.completion_token_ids or []) == 3

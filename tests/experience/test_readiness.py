@@ -43,7 +43,7 @@ def test_harness_readiness_counts_what_the_recipe_trains_on(store: SQLStore) -> 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_harness_status_and_metrics(database_url: str, tmp_path: Path) -> None:
     settings = load_settings(
-        server={"state_dir": str(tmp_path / "state")},
+        server={"state_dir": str(tmp_path / "state"), "metrics_scenario_labels": True},
         store={"database_url": database_url},
         engine={"model": "tiny"},
         reef={"recipe": "harness", "batch_size": 2, "auto": False},
@@ -55,7 +55,7 @@ def test_harness_status_and_metrics(database_url: str, tmp_path: Path) -> None:
     finally:
         store.close()
     app = create_app(settings, build_engine(settings))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:  # a Host it answers for
         status = client.get(f"/reef/scenarios/{S}/status").json()
         assert (status["recipe"], status["kind"]) == ("harness", "scored")
         assert (status["eligible"], status["ready"], status["dropped"]) == (2, True, {})

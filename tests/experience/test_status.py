@@ -1,4 +1,4 @@
-"""GET /reef/scenarios/{s}/status and the readiness gauges, through a real `reef serve`."""
+"""GET /reef/scenarios/{s}/status and the readiness gauges, through a served Reef app."""
 
 from __future__ import annotations
 
@@ -10,19 +10,22 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
     state = tmp_path_factory.mktemp("reef-status")
     config = state / "serve.yaml"
-    config.write_text("engine:\n  default_max_tokens: 4\nreef:\n  batch_size: 2\n")
-    with ReefServer(state, "--model", "tiny", "-c", str(config)) as srv:
+    config.write_text(
+        "server:\n  metrics_scenario_labels: true\n"
+        "engine:\n  default_max_tokens: 4\nreef:\n  batch_size: 2\n"
+    )
+    with InProcessReef(state, config=config) as srv:
         yield srv
 
 
-def _chat(server: ReefServer, scenario: str, text: str) -> str:
+def _chat(server: InProcessReef, scenario: str, text: str) -> str:
     r = httpx.post(
         f"{server.base_url}/chat/completions",
         json={"model": "tiny", "messages": [{"role": "user", "content": text}]},
@@ -33,13 +36,13 @@ def _chat(server: ReefServer, scenario: str, text: str) -> str:
     return r.headers["x-reef-agent-record-id"]
 
 
-def _state(server: ReefServer, scenario: str) -> tuple[int, int]:
+def _state(server: InProcessReef, scenario: str) -> tuple[int, int]:
     recs = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records", params={"limit": 1000})
     reps = httpx.get(f"{server.url}/reef/scenarios/{scenario}/reports", params={"limit": 1000})
     return len(recs.json()["data"]), len(reps.json()["data"])
 
 
-def test_status_counts_without_side_effects(server: ReefServer) -> None:
+def test_status_counts_without_side_effects(server: InProcessReef) -> None:
     scenario = f"st-{uuid.uuid4().hex[:8]}"
     receipts = [_chat(server, scenario, "Name a color.") for _ in range(3)]
     url = f"{server.url}/reef/scenarios/{scenario}/status"

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import yaml
 
 from cli.main import main
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
+from tests.traffic import traffic
 
 
 def test_reef_evolve_by_hand(
@@ -26,18 +26,8 @@ def test_reef_evolve_by_hand(
             }
         )
     )
-    with ReefServer(tmp_path / "state", "-c", str(config), "--model", "tiny") as srv:
-        client = openai.OpenAI(
-            base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": "cli"}
-        )
-        raw = client.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": "q"}], max_tokens=3
-        )
-        httpx.post(
-            f"{srv.url}/reef/report",
-            json={"references": [raw.headers["x-reef-agent-record-id"]], "score": 1.0},
-            headers={"x-reef-scenario": "cli"},
-        ).raise_for_status()
+    with InProcessReef(tmp_path / "state", config=config) as srv:
+        traffic(srv, "cli", 1, prompt="q", report=lambda i, rid: {"score": 1.0}, max_tokens=3)
         common = ["-c", str(config), "--state-dir", str(srv.state_dir), "--model", "tiny"]
         common += ["--port", str(srv.port), "--scenario", "cli"]
         # 1 eligible sample of 8: --force trains on what there is

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.reefserver import ReefServer
+from tests.traffic import report_all, traffic
 
 S = "e2e"
 
@@ -27,6 +28,7 @@ def _wait_for(fn, timeout: float, what: str, server: ReefServer):  # type: ignor
     pytest.fail(f"{what} within {timeout}s; server log:\n{server.log()[-6000:]}")
 
 
+@pytest.mark.loop
 def test_sft_release_deploys_serves_and_rolls_back(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
@@ -45,24 +47,15 @@ def test_sft_release_deploys_serves_and_rolls_back(tmp_path: Path) -> None:
             base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": S}
         )
         releases = lambda: httpx.get(f"{srv.url}/reef/scenarios/{S}/releases").json()["data"]  # noqa: E731
-        receipts = []
-        for i in range(4):
-            raw = client.chat.completions.with_raw_response.create(
-                model="tiny",
-                messages=[{"role": "user", "content": f"question {i}"}],
-                max_tokens=4,
-                temperature=0,
-            )
-            receipts.append(raw.headers["x-reef-agent-record-id"])
+        receipts = traffic(srv, S, 4, prompt="question {i}", max_tokens=4, temperature=0)
         base = releases()
         assert len(base) == 1 and base[0]["current"]
-        for rid in receipts:
-            r = httpx.post(
-                f"{srv.url}/reef/report",
-                json={"score": 1.0, "references": [rid], "feedback": {"correction": "yes indeed"}},
-                headers={"x-reef-scenario": S},
-            )
-            assert r.status_code == 201, r.text
+        report_all(
+            srv,
+            S,
+            receipts,
+            lambda i, rid: {"score": 1.0, "feedback": {"correction": "yes indeed"}},
+        )
 
         def two_releases() -> list[dict] | None:
             chain = releases()

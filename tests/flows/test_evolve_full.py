@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
+from tests.traffic import traffic
 
 
 def test_a_full_checkpoint_release_serves_and_rolls_back(
@@ -17,19 +18,11 @@ def test_a_full_checkpoint_release_serves_and_rolls_back(
 ) -> None:
     from flows.evolve import evolve
 
-    with ReefServer(tmp_path / "state", "--model", "tiny") as srv:
+    with InProcessReef(tmp_path / "state") as srv:
+        traffic(srv, "full", 2, report=lambda i, rid: {"score": 1.0}, max_tokens=3)
         client = openai.OpenAI(
             base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": "full"}
         )
-        for i in range(2):
-            raw = client.chat.completions.with_raw_response.create(
-                model="tiny", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=3
-            )
-            httpx.post(
-                f"{srv.url}/reef/report",
-                json={"references": [raw.headers["x-reef-agent-record-id"]], "score": 1.0},
-                headers={"x-reef-scenario": "full"},
-            ).raise_for_status()
         overrides = {
             "server": {"state_dir": str(srv.state_dir), "port": srv.port},
             "engine": {"model": "tiny"},

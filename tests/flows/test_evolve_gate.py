@@ -1,4 +1,4 @@
-"""The evolve flow with the `improve` gate, run in-process against a real `reef serve` (the
+"""The evolve flow with the `improve` gate, run in-process against a served Reef app (the
 deploy target): a candidate trained on random scores is rejected and leaves the head alone;
 one trained on a consistent preference is accepted, deployed and serves."""
 
@@ -11,16 +11,17 @@ import httpx
 import openai
 import pytest
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
+from tests.traffic import Report, traffic
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with ReefServer(tmp_path_factory.mktemp("gate"), "--model", "tiny") as srv:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    with InProcessReef(tmp_path_factory.mktemp("gate")) as srv:
         yield srv
 
 
-def _overrides(srv: ReefServer) -> dict:
+def _overrides(srv: InProcessReef) -> dict:
     return {
         "server": {"state_dir": str(srv.state_dir), "port": srv.port},
         "engine": {"model": "tiny"},
@@ -29,34 +30,31 @@ def _overrides(srv: ReefServer) -> dict:
     }
 
 
-def _traffic(srv: ReefServer, scenario: str, report: callable) -> None:  # type: ignore[valid-type]
-    client = openai.OpenAI(
-        base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": scenario}
+def _traffic(srv: InProcessReef, scenario: str, report: Report) -> None:
+    prompt = "Is {i} a number? Answer yes or no."
+    traffic(
+        srv,
+        scenario,
+        24,
+        prompt=prompt,
+        report=report,
+        max_tokens=6,
+        temperature=1.0,
+        seed=lambda i: i,
     )
-    for i in range(24):
-        raw = client.chat.completions.with_raw_response.create(
-            model="tiny",
-            messages=[{"role": "user", "content": f"Is {i} a number? Answer yes or no."}],
-            max_tokens=6,
-            temperature=1.0,
-            seed=i,
-        )
-        body = {"references": [raw.headers["x-reef-agent-record-id"]], **report(i)}
-        r = httpx.post(f"{srv.url}/reef/report", json=body, headers={"x-reef-scenario": scenario})
-        assert r.status_code == 201, r.text
 
 
-def _chain(srv: ReefServer, scenario: str) -> list[dict]:
+def _chain(srv: InProcessReef, scenario: str) -> list[dict]:
     return httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"]
 
 
-def test_random_scores_are_rejected(server: ReefServer, prefect_server: None) -> None:
+def test_random_scores_are_rejected(server: InProcessReef, prefect_server: None) -> None:
     from flows.evolve import evolve
 
     rng = random.Random(7)
     scores = [1.0] * 12 + [0.0] * 12
     rng.shuffle(scores)
-    _traffic(server, "noise", lambda i: {"score": scores[i]})
+    _traffic(server, "noise", lambda i, rid: {"score": scores[i]})
     before = _chain(server, "noise")
     result = evolve("noise", overrides=_overrides(server))
     assert result["status"] == "rejected", result
@@ -69,11 +67,12 @@ def test_random_scores_are_rejected(server: ReefServer, prefect_server: None) ->
     assert cands[0]["gate"]["reason"] == gate["reason"]
 
 
-def test_consistent_preference_is_accepted(server: ReefServer, prefect_server: None) -> None:
+@pytest.mark.loop
+def test_consistent_preference_is_accepted(server: InProcessReef, prefect_server: None) -> None:
     from flows.evolve import evolve
 
     # The user always wanted the answer "yes": every report corrects to it.
-    _traffic(server, "pref", lambda i: {"score": 0.0, "feedback": {"correction": "yes"}})
+    _traffic(server, "pref", lambda i, rid: {"score": 0.0, "feedback": {"correction": "yes"}})
     base = _chain(server, "pref")[0]
     result = evolve("pref", overrides=_overrides(server))
     assert result["status"] == "published", result
@@ -94,13 +93,13 @@ def test_consistent_preference_is_accepted(server: ReefServer, prefect_server: N
 
 
 def test_a_batch_with_nothing_to_learn_is_consumed(
-    server: ReefServer, prefect_server: None
+    server: InProcessReef, prefect_server: None
 ) -> None:
     """No answer passed SFT's threshold and none was corrected: the run says so, consumes the
     batch (or every later report would retrain on it), and the head stays."""
     from flows.evolve import evolve
 
-    _traffic(server, "zeros", lambda i: {"score": 0.0})
+    _traffic(server, "zeros", lambda i, rid: {"score": 0.0})
     before = _chain(server, "zeros")
     result = evolve("zeros", overrides=_overrides(server))
     assert result["status"] == "nothing_to_train" and "threshold" in result["reason"]

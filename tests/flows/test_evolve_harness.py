@@ -1,4 +1,4 @@
-"""Harness evolution through the evolve flow, run in-process against a real `reef serve` (tiny
+"""Harness evolution through the evolve flow, run in-process against a served Reef app (tiny
 model): consistently failing feedback → GEPA search with the served model as proposer → paired
 episodes of candidate vs head (N repeats) → the gate decides, with the numbers stored on the
 candidate and in MLflow. A rejected candidate leaves the head alone; an accepted one is
@@ -21,18 +21,19 @@ from recipes.harness.episodes import (
     paired_evaluation,
 )
 from reef.harness import Harness
-from tests.reefserver import ReefServer, free_port
+from tests.reefserver import InProcessReef, free_port
+from tests.traffic import traffic
 
 WANTED = "Paris is the capital of France."
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with ReefServer(tmp_path_factory.mktemp("harness-evolve"), "--model", "tiny") as srv:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    with InProcessReef(tmp_path_factory.mktemp("harness-evolve")) as srv:
         yield srv
 
 
-def _overrides(srv: ReefServer, policy: str) -> dict:
+def _overrides(srv: InProcessReef, policy: str) -> dict:
     return {
         "server": {"state_dir": str(srv.state_dir), "port": srv.port},
         "engine": {"model": "tiny"},
@@ -50,36 +51,26 @@ def _overrides(srv: ReefServer, policy: str) -> dict:
     }
 
 
-def _failing_traffic(srv: ReefServer, scenario: str) -> None:
+def _failing_traffic(srv: InProcessReef, scenario: str) -> None:
     """Six questions, each answered wrongly and reported with score 0 and a correction."""
-    client = openai.OpenAI(
-        base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": scenario}
+    feedback = {"text": "Wrong: name the city.", "correction": WANTED}
+    traffic(
+        srv,
+        scenario,
+        6,
+        prompt="Question {i}: what is the capital of France?",
+        report=lambda i, rid: {"score": 0.0, "feedback": feedback},
+        max_tokens=6,
+        temperature=0,
     )
-    for i in range(6):
-        raw = client.chat.completions.with_raw_response.create(
-            model="tiny",
-            messages=[{"role": "user", "content": f"Question {i}: what is the capital of France?"}],
-            max_tokens=6,
-            temperature=0,
-        )
-        r = httpx.post(
-            f"{srv.url}/reef/report",
-            json={
-                "references": [raw.headers["x-reef-agent-record-id"]],
-                "score": 0.0,
-                "feedback": {"text": "Wrong: name the city.", "correction": WANTED},
-            },
-            headers={"x-reef-scenario": scenario},
-        )
-        assert r.status_code == 201, r.text
 
 
-def _chain(srv: ReefServer, scenario: str) -> list[dict]:
+def _chain(srv: InProcessReef, scenario: str) -> list[dict]:
     return list(httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"])
 
 
 def test_failing_feedback_makes_a_candidate_the_gate_judges(
-    server: ReefServer, prefect_server: None
+    server: InProcessReef, prefect_server: None
 ) -> None:
     from flows.evolve import evolve
     from reef import registry
@@ -114,8 +105,9 @@ def test_failing_feedback_makes_a_candidate_the_gate_judges(
         assert _chain(server, "fails")[0]["release_id"] == cand["release_id"]
 
 
+@pytest.mark.loop
 def test_an_accepted_harness_is_released_and_serves(
-    server: ReefServer, prefect_server: None
+    server: InProcessReef, prefect_server: None
 ) -> None:
     from flows.evolve import evolve
     from reef import registry
@@ -165,10 +157,9 @@ def test_an_upstream_engine_evolves_its_harness(
     chain and served; an executable one waits for review and is promoted."""
     from flows.evolve import evolve
 
-    with ReefServer(tmp_path_factory.mktemp("back"), "--model", "tiny") as back:
-        front_dir = tmp_path_factory.mktemp("front")
-        args = ("--engine", "upstream", "--upstream-url", back.base_url)
-        with ReefServer(front_dir, *args) as front:
+    with InProcessReef(tmp_path_factory.mktemp("back")) as back:
+        upstream = {"kind": "upstream", "upstream_url": back.base_url}
+        with InProcessReef(tmp_path_factory.mktemp("front"), engine=upstream) as front:
             _failing_traffic(front, "hosted")
             base = _chain(front, "hosted")[0]
             overrides = _overrides(front, "always")
@@ -213,7 +204,7 @@ def test_an_upstream_engine_evolves_its_harness(
 
 
 def test_paired_evaluation_caches_the_head_and_counts_infra_failures(
-    server: ReefServer,
+    server: InProcessReef,
 ) -> None:
     admin = EngineAdmin(server.url)
     dead = EngineAdmin(f"http://127.0.0.1:{free_port()}")  # nothing listens there
@@ -266,7 +257,7 @@ def test_paired_evaluation_caches_the_head_and_counts_infra_failures(
     dead.close()
 
 
-def _job(srv: ReefServer, scenario: str, text: str) -> str:
+def _job(srv: InProcessReef, scenario: str, text: str) -> str:
     from reef.records import Job, new_id, utcnow
     from reef.store.sql import open_store
 
@@ -279,9 +270,9 @@ def _job(srv: ReefServer, scenario: str, text: str) -> str:
         store.close()
 
 
-@pytest.mark.parametrize("mode", ["append", "model"])
+@pytest.mark.parametrize("mode", ["append", pytest.param("model", marks=pytest.mark.loop)])
 def test_an_instruction_becomes_a_candidate_held_for_review(
-    server: ReefServer, prefect_server: None, mode: str
+    server: InProcessReef, prefect_server: None, mode: str
 ) -> None:
     from flows.instruct import instruct
     from reef import registry

@@ -10,19 +10,19 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
+from tests.traffic import traffic
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with ReefServer(tmp_path_factory.mktemp("manual"), "--model", "tiny") as srv:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    with InProcessReef(tmp_path_factory.mktemp("manual")) as srv:
         yield srv
 
 
-def _overrides(srv: ReefServer) -> dict:
+def _overrides(srv: InProcessReef) -> dict:
     return {
         "server": {"state_dir": str(srv.state_dir), "port": srv.port},
         "engine": {"model": "tiny"},
@@ -31,21 +31,12 @@ def _overrides(srv: ReefServer) -> dict:
     }
 
 
-def _traffic(srv: ReefServer, scenario: str) -> None:
-    client = openai.OpenAI(
-        base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": scenario}
-    )
-    for i in range(2):
-        raw = client.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=3
-        )
-        body = {"references": [raw.headers["x-reef-agent-record-id"]], "score": 1.0}
-        r = httpx.post(f"{srv.url}/reef/report", json=body, headers={"x-reef-scenario": scenario})
-        assert r.status_code == 201
+def _traffic(srv: InProcessReef, scenario: str) -> None:
+    traffic(srv, scenario, 2, report=lambda i, rid: {"score": 1.0}, max_tokens=3)
 
 
 def _run_until_pending(
-    srv: ReefServer, scenario: str
+    srv: InProcessReef, scenario: str
 ) -> tuple[dict[str, Any], threading.Thread, dict[str, Any]]:
     from flows.evolve import evolve
 
@@ -77,11 +68,11 @@ def _finish(t: threading.Thread, out: dict[str, Any]) -> dict[str, Any]:
     return dict(out["result"])
 
 
-def _head(srv: ReefServer, scenario: str) -> str:
+def _head(srv: InProcessReef, scenario: str) -> str:
     return str(httpx.get(f"{srv.url}/reef/scenarios/{scenario}").json()["head_release_id"])
 
 
-def _approve_by_mlflow_tag(srv: ReefServer, cand: dict[str, Any], value: str) -> None:
+def _approve_by_mlflow_tag(srv: InProcessReef, cand: dict[str, Any], value: str) -> None:
     from reef import registry
 
     tracking = f"sqlite:///{(srv.state_dir / 'mlflow.db').resolve()}"
@@ -106,7 +97,8 @@ def _approve_in_prefect(value: bool) -> Callable[[], None]:
     return approve
 
 
-def test_manual_approval_by_mlflow_tag(server: ReefServer, prefect_server: None) -> None:
+@pytest.mark.loop
+def test_manual_approval_by_mlflow_tag(server: InProcessReef, prefect_server: None) -> None:
     _traffic(server, "tagged")
     head = _head(server, "tagged")
     cand, t, out = _run_until_pending(server, "tagged")
@@ -118,7 +110,7 @@ def test_manual_approval_by_mlflow_tag(server: ReefServer, prefect_server: None)
     assert _head(server, "tagged") == cand["release_id"]
 
 
-def test_manual_rejection_in_prefect(server: ReefServer, prefect_server: None) -> None:
+def test_manual_rejection_in_prefect(server: InProcessReef, prefect_server: None) -> None:
     _traffic(server, "ui-no")
     head = _head(server, "ui-no")
     _, t, out = _run_until_pending(server, "ui-no")
@@ -131,7 +123,8 @@ def test_manual_rejection_in_prefect(server: ReefServer, prefect_server: None) -
     assert rows[0]["status"] == "rejected"
 
 
-def test_manual_approval_in_prefect(server: ReefServer, prefect_server: None) -> None:
+@pytest.mark.loop
+def test_manual_approval_in_prefect(server: InProcessReef, prefect_server: None) -> None:
     _traffic(server, "ui-yes")
     cand, t, out = _run_until_pending(server, "ui-yes")
     time.sleep(2.5)
@@ -141,7 +134,8 @@ def test_manual_approval_in_prefect(server: ReefServer, prefect_server: None) ->
     assert _head(server, "ui-yes") == cand["release_id"]
 
 
-def test_promote_through_reef(server: ReefServer, prefect_server: None) -> None:
+@pytest.mark.loop
+def test_promote_through_reef(server: InProcessReef, prefect_server: None) -> None:
     """`POST .../promote` publishes the pending candidate; the paused flow notices and ends."""
     _traffic(server, "promoted")
     cand, t, out = _run_until_pending(server, "promoted")

@@ -10,13 +10,8 @@ import boto3
 import httpx
 import openai
 
-from tests.reefserver import ReefServer
-
-CREDS = {
-    "AWS_ACCESS_KEY_ID": "reef-test",
-    "AWS_SECRET_ACCESS_KEY": "reef-test-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
+from tests.reefserver import InProcessReef
+from tests.traffic import traffic
 
 
 def test_evolve_with_artifacts_on_s3(
@@ -28,30 +23,16 @@ def test_evolve_with_artifacts_on_s3(
     from flows.evolve import evolve
 
     url = f"s3://{s3_bucket}/reef"
-    env = {
-        **CREDS,
-        "REEF_ARTIFACTS__URL": url,
-        "REEF_ARTIFACTS__S3_ENDPOINT_URL": s3_endpoint,
-    }
-    with ReefServer(tmp_path / "state", "--model", "tiny", env=env) as srv:
-        client = openai.OpenAI(
-            base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": "s3"}
-        )
-        for i in range(2):
-            raw = client.chat.completions.with_raw_response.create(
-                model="tiny", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=3
-            )
-            httpx.post(
-                f"{srv.url}/reef/report",
-                json={"references": [raw.headers["x-reef-agent-record-id"]], "score": 1.0},
-                headers={"x-reef-scenario": "s3"},
-            ).raise_for_status()
+    artifacts = {"url": url, "s3_endpoint_url": s3_endpoint}
+    # credentials reach boto3 through the environment (the s3_bucket fixture sets them)
+    with InProcessReef(tmp_path / "state", artifacts=artifacts) as srv:
+        traffic(srv, "s3", 2, report=lambda i, rid: {"score": 1.0}, max_tokens=3)
         overrides = {
             "server": {"state_dir": str(srv.state_dir), "port": srv.port},
             "engine": {"model": "tiny"},
             "reef": {"recipe": "sft", "batch_size": 2, "params": {"epochs": 1}},
             "gate": {"policy": "always"},
-            "artifacts": {"url": url, "s3_endpoint_url": s3_endpoint},
+            "artifacts": artifacts,
         }
         result = evolve("s3", overrides=overrides)
         assert result["status"] == "published", result
@@ -69,6 +50,9 @@ def test_evolve_with_artifacts_on_s3(
             for k in keys
         )
         assert any(k.startswith("reef/mlflow/") for k in keys)  # MLflow's model version files
+        client = openai.OpenAI(
+            base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": "s3"}
+        )
         raw = client.chat.completions.with_raw_response.create(
             model="tiny", messages=[{"role": "user", "content": "q9"}], max_tokens=3
         )

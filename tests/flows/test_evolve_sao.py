@@ -1,5 +1,5 @@
 """The seed's configuration runs as written: SAO (recipes.sao.recipe:SAORecipe), one scored
-rollout per step, max_staleness 18, through the evolve flow against a real `reef serve`."""
+rollout per step, max_staleness 18, through the evolve flow against a served Reef app."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import yaml
 
-from tests.reefserver import ReefServer
+from tests.reefserver import InProcessReef
+from tests.traffic import traffic
 
 SEED = """
 reef:
@@ -22,13 +22,13 @@ reef:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with ReefServer(tmp_path_factory.mktemp("sao"), "--model", "tiny") as srv:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    with InProcessReef(tmp_path_factory.mktemp("sao")) as srv:
         yield srv
 
 
 def test_seed_config_evolves_one_rollout_at_a_time(
-    server: ReefServer, tmp_path: Path, prefect_server: None
+    server: InProcessReef, tmp_path: Path, prefect_server: None
 ) -> None:
     from flows.evolve import evolve
 
@@ -39,27 +39,21 @@ def test_seed_config_evolves_one_rollout_at_a_time(
         "server": {"state_dir": str(server.state_dir), "port": server.port},
         "engine": {"model": "tiny"},
     }
-    client = openai.OpenAI(
-        base_url=server.base_url, api_key="none", default_headers={"x-reef-scenario": "sao"}
-    )
     heads = []
     for step in range(2):
-        raw = client.chat.completions.with_raw_response.create(
-            model="tiny",
-            messages=[{"role": "user", "content": f"What is {step} + 2?"}],
+        score = 1.0 if step == 0 else -1.0
+        (rid,) = traffic(
+            server,
+            "sao",
+            1,
+            prompt=f"What is {step} + 2?",
+            report=lambda i, rid, score=score: {"score": score},
             max_tokens=6,
             temperature=1.0,
             seed=step,
         )
-        rid = raw.headers["x-reef-agent-record-id"]
         record = httpx.get(f"{server.url}/reef/scenarios/sao/records/{rid}").json()
         assert record["completion_token_ids"] and record["logprobs"]  # what SAO trains on
-        r = httpx.post(
-            f"{server.url}/reef/report",
-            json={"references": [rid], "score": 1.0 if step == 0 else -1.0},
-            headers={"x-reef-scenario": "sao"},
-        )
-        assert r.status_code == 201
         result = evolve("sao", config=str(config), overrides=overrides)
         assert result["status"] == "published", result
         assert result["dataset"]["rows"] == 1 and result["dataset"]["kind"] == "rollout"

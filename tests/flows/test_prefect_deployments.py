@@ -3,20 +3,16 @@ from the repository root create the four deployments, `flows.worker.run_once` su
 evolve/evolve with its parameters when PREFECT_API_URL is set, and a process worker of the pool
 runs it from the recorded checkout.
 
-The server is a `prefect server start` subprocess on a free port (not the session's test
-harness): the `prefect` CLI and the worker are separate processes that need a URL to reach.
-Everything Prefect keeps lives under a temporary PREFECT_HOME; ~/.prefect is never read."""
+The server is the session's Prefect test server, a subprocess with a loopback URL: the `prefect`
+CLI and the worker are separate processes that reach it by that URL. Everything Prefect keeps
+lives under a temporary PREFECT_HOME; ~/.prefect is never read."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +25,6 @@ POOL = "reef"
 SCENARIO = "deployed"
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(home: Path, api_url: str | None = None) -> dict[str, str]:
@@ -68,60 +58,19 @@ def _prefect(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 1
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """`prefect server start` on a free port with its own PREFECT_HOME (~15 s to get healthy)."""
+def server(prefect_server: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The session's Prefect server (tests/flows/conftest.py), reached by its URL; the `prefect`
+    CLI and the worker keep what they write under their own temporary PREFECT_HOME."""
+    from prefect.settings import PREFECT_API_URL
+
     tmp = tmp_path_factory.mktemp("prefect-deploy")
-    home = tmp / "home"
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    log = (tmp / "server.log").open("w")
-    args = ["server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
-    proc = subprocess.Popen(
-        [str(PREFECT), *args, "--no-services"],
-        cwd=tmp,
-        env=_env(home),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"prefect server did not start:\n{(tmp / 'server.log').read_text()[-4000:]}"
-                )
-            time.sleep(0.5)
-        yield {"url": url, "home": home, "tmp": tmp}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    return {"url": PREFECT_API_URL.value(), "home": tmp / "home", "tmp": tmp}
 
 
 @pytest.fixture(scope="module")
-def api(server: dict[str, Any]) -> Iterator[str]:
-    """This process's Prefect settings pointed at the server (over the session's harness, if
-    another test started it). Prefect is imported here, after PREFECT_HOME is a temp dir."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PREFECT_HOME", str(server["home"]))
-        mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        mp.setenv("PREFECT_LOGGING_TO_API_ENABLED", "false")
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings(updates={PREFECT_API_URL: server["url"]}):
-            yield server["url"]
+def api(server: dict[str, Any]) -> str:
+    """The API this process's Prefect client talks to: the same server."""
+    return str(server["url"])
 
 
 @pytest.fixture(scope="module")

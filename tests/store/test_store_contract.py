@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from sqlalchemy import Table, func, select
 
-from reef.errors import BadRequest, Conflict, NotFound, StoreError
+from reef.errors import BadRequest, Conflict, IdempotencyKeyReused, NotFound, StoreError
 from reef.records import Record, Report, Scenario, new_id, utcnow
 from reef.store import tables
 from reef.store.sql import SQLStore, open_store
@@ -168,7 +168,9 @@ def test_delete_scenario_cascades(store: SQLStore, make_record: MakeRecord) -> N
     assert store.list_reports("kept") == [kept_report]
     assert len(store.list_releases("kept")) == 1
 
-    # The name is free again, with a fresh chain.
+    # Once its files are gone too (reef.deletion drops the tombstone), the name is free
+    # again, with a fresh chain.
+    store.finish_deletion("doomed")
     reborn = store.create_scenario("doomed")
     assert reborn.head_release_id != doomed.head_release_id
     assert store.list_records("doomed") == []
@@ -335,10 +337,6 @@ def test_report_round_trip_and_idempotency(store: SQLStore, make_record: MakeRec
         Conflict, match=f"report_id {report.id} already exists with different content"
     ):
         store.add_report(changed)
-    elsewhere = store.create_scenario("b")
-    assert elsewhere
-    with pytest.raises(Conflict):
-        store.add_report(_report("b", report.references, id=report.id))
 
     text_report = _report("a", (r.id,), feedback="plain text", score=None, metadata={})
     store.add_report(text_report)
@@ -347,6 +345,89 @@ def test_report_round_trip_and_idempotency(store: SQLStore, make_record: MakeRec
     assert store.list_reports("a", after=min(report.id, text_report.id), limit=5) == [
         max([report, text_report], key=lambda x: x.id)
     ]
+
+
+def test_report_ids_are_scoped_by_scenario(store: SQLStore) -> None:
+    # another scenario's report_id neither blocks this one's nor shows through it
+    store.create_scenario("a")
+    store.create_scenario("b")
+    theirs = _report("a", ("rec_a",), id="judge-1", feedback="a's secret")
+    ours = _report("b", ("rec_b",), id="judge-1", score=0.0, feedback="b's")
+    assert store.add_report(theirs) == (theirs, True)
+    assert store.add_report(ours) == (ours, True)
+    assert store.add_report(ours) == (ours, False)  # a retry in b is b's
+    assert store.get_report("a", "judge-1") == theirs
+    assert store.get_report("b", "judge-1") == ours
+    assert store.list_reports("b") == [ours]
+    with pytest.raises(Conflict) as e:
+        store.add_report(_report("b", ("rec_b",), id="judge-1", score=1.0))
+    assert "a's secret" not in e.value.message and "'a'" not in e.value.message
+    store.delete_scenario("a")
+    assert store.get_report("b", "judge-1") == ours
+    with pytest.raises(NotFound, match="scenario 'ghost' not found"):
+        store.add_report(_report("ghost", ("rec_x",), id="judge-1"))
+
+
+def test_idempotency_keys_are_scoped_by_route(store: SQLStore, make_record: MakeRecord) -> None:
+    # the same key on /v1/chat/completions and on /v1/messages names two requests
+    head = store.create_scenario("a").head_release_id
+    chat = make_record("a", head, idempotency_key="k", route="chat.completions")
+    messages = make_record("a", head, idempotency_key="k", route="messages")
+    store.add_records([chat])
+    assert store.find_idempotent("a", "messages", "k") is None
+    store.add_records([messages])
+    assert store.find_idempotent("a", "chat.completions", "k") == chat
+    assert store.find_idempotent("a", "messages", "k") == messages
+    with pytest.raises(IdempotencyKeyReused, match=f"record '{messages.id}'"):
+        store.add_records([make_record("a", head, idempotency_key="k", route="messages")])
+    with pytest.raises(IdempotencyKeyReused, match="twice in one batch"):
+        store.add_records(
+            [make_record("a", head, idempotency_key="j", route="messages") for _ in range(2)]
+        )
+    both = [make_record("a", head, idempotency_key="j", route=r) for r in ("messages", "x")]
+    store.add_records(both)
+    assert len(store.list_records("a")) == 4
+
+
+NUL = "nul:\x00:end"
+
+
+def test_nul_characters_round_trip(store: SQLStore, make_record: MakeRecord) -> None:
+    # Postgres text and JSONB hold no NUL (\u0000); what a client sent is stored as sent anyway
+    head = store.create_scenario("a").head_release_id
+    record = make_record(
+        "a",
+        head,
+        request={
+            "model": "m",
+            "messages": [{"role": "user", "content": NUL, NUL: [NUL, {"k": NUL}]}],
+            "stop": ["\x00"],
+        },
+        response={"choices": [{"message": {"role": "assistant", "content": NUL}}]},
+        tags={"client": NUL},
+        timings={NUL: 1.0},
+    )
+    store.add_records([record])
+    assert store.get_record("a", record.id) == record
+    report = _report(
+        "a", (record.id,), feedback={"correction": NUL, NUL: NUL}, metadata={"note": NUL}
+    )
+    assert store.add_report(report) == (report, True)
+    assert store.add_report(report) == (report, False)  # a retry still compares equal
+    assert store.get_report("a", report.id) == report
+    text = _report("a", (record.id,), feedback=NUL, metadata={})
+    store.add_report(text)
+    assert store.list_reports("a") == sorted([report, text], key=lambda r: r.id)
+    # values that look like the store's own escape come back as they were, too
+    lookalike = make_record(
+        "a",
+        head,
+        request={"$reef.nul": "x"},
+        response={"$reef.nul": NUL},
+        tags={"$reef.nul": "[1]"},
+    )
+    store.add_records([lookalike])
+    assert store.get_record("a", lookalike.id) == lookalike
 
 
 def test_report_not_found_cases(store: SQLStore) -> None:
@@ -413,3 +494,76 @@ def _record_stub(suffix: str) -> Record:
         response={},
         release_id="rel_x",
     )
+
+
+def test_migration_0005_keeps_reports_and_idempotency_keys(database_url: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import insert
+
+    from reef.store.sql import MIGRATIONS
+
+    old = open_store(database_url)
+    try:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with old.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "0004")
+        now = utcnow()
+        with old.engine.begin() as conn:
+            for name in ("a", "b"):
+                conn.execute(
+                    insert(tables.scenarios).values(
+                        name=name, created_at=now, head_release_id=f"rel_{name}"
+                    )
+                )
+                conn.execute(
+                    insert(tables.releases).values(
+                        id=f"rel_{name}",
+                        scenario=name,
+                        seq=0,
+                        kind="base",
+                        created_at=now,
+                        metadata={},
+                    )
+                )
+            conn.execute(
+                insert(tables.records).values(
+                    id="rec_1",
+                    scenario="a",
+                    created_at=now,
+                    route="chat.completions",
+                    model="m",
+                    stream=False,
+                    request={"messages": []},
+                    response={},
+                    release_id="rel_a",
+                    timings={},
+                    tags={},
+                    idempotency_key="k",
+                )
+            )
+            conn.execute(
+                insert(tables.reports).values(
+                    id="judge-1",
+                    scenario="a",
+                    created_at=now,
+                    references=["rec_1"],
+                    score=1.0,
+                    metadata={},
+                    content_hash="0" * 64,
+                )
+            )
+    finally:
+        old.close()
+    store = open_store(database_url)
+    try:
+        store.migrate()
+        assert [r.id for r in store.list_reports("a")] == ["judge-1"]
+        assert store.find_idempotent("a", "chat.completions", "k") is not None
+        assert store.find_idempotent("a", "messages", "k") is None
+        mine = _report("b", ("rec_x",), id="judge-1")
+        assert store.add_report(mine) == (mine, True)
+    finally:
+        store.close()

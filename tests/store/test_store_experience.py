@@ -87,9 +87,9 @@ def test_idempotency_key_is_unique_per_scenario(store: SQLStore, make_record: Ma
     two = _scenario(store, "two")
     first = make_record("one", one, idempotency_key="k")
     store.add_records([first])
-    assert store.find_idempotent("one", "k") == first
-    assert store.find_idempotent("one", "other") is None
-    assert store.find_idempotent("two", "k") is None
+    assert store.find_idempotent("one", "chat.completions", "k") == first
+    assert store.find_idempotent("one", "chat.completions", "other") is None
+    assert store.find_idempotent("two", "chat.completions", "k") is None
 
     with pytest.raises(IdempotencyKeyReused, match="already used by record"):
         store.add_records([make_record("one", one, idempotency_key="k")])
@@ -134,6 +134,7 @@ def test_delete_scenario_removes_consumptions(store: SQLStore, make_record: Make
     store.add_records([record])
     store.add_consumptions([Consumption("exp", "sft", record.id, "b1", utcnow())])
     store.delete_scenario("exp")
+    store.finish_deletion("exp")  # its files are gone too: the name is free again
     store.create_scenario("exp")
     assert store.consumed_record_ids("exp", "sft") == set()
 
@@ -198,6 +199,6 @@ def test_migration_0002_keeps_records_of_0001(database_url: str) -> None:
         assert (record.session_id, record.turn, record.parent_id) == (None, None, None)
         assert (record.state_hash, record.idempotency_key) == (None, None)
         assert store.consumed_record_ids("legacy", "sft") == set()
-        assert store.find_idempotent("legacy", "k") is None
+        assert store.find_idempotent("legacy", "chat.completions", "k") is None
     finally:
         store.close()

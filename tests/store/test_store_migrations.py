@@ -27,6 +27,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "consumptions",
         "candidates",
         "jobs",
+        "scenario_deletions",
     }
     for table in (
         tables.scenarios,

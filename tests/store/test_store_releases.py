@@ -343,7 +343,9 @@ def test_delete_scenario_removes_candidates_and_releases(store: SQLStore) -> Non
         assert _count(store, table, "doomed") == 0
     assert store.list_candidates("kept") == [kept_candidate]
 
-    # The name is free again, with a fresh chain and no candidates.
+    # Once its files are gone too (the tombstone dropped), the name is free again, with a
+    # fresh chain and no candidates.
+    store.finish_deletion("doomed")
     reborn = store.create_scenario("doomed")
     assert store.list_candidates("doomed") == []
     assert [r.id for r in store.list_releases("doomed")] == [reborn.head_release_id]

@@ -40,7 +40,8 @@ PROMPT = [{"role": "user", "content": "Say hello to the world"}]
 def reef(tmp_path_factory: pytest.TempPathFactory, vllm_server: VllmServer) -> Iterator[ReefServer]:
     state = tmp_path_factory.mktemp("reef-vllm")
     args = ("--engine", "vllm", "--model", "tiny", "--vllm-url", vllm_server.url)
-    with ReefServer(state, *args) as srv:
+    # releases here are directories the test writes, not artifact-store files
+    with ReefServer(state, *args, env={"REEF_ENGINE__ALLOW_LOCAL_PATHS": "true"}) as srv:
         yield srv
 
 

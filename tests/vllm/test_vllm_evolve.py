@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import torch
 import yaml
@@ -17,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from reef.engines.vllm import VllmServer
 from tests.reefserver import ReefServer
+from tests.traffic import report_all, traffic
 from tests.vllm.test_vllm_deploy import _ask, _greedy
 
 pytestmark = pytest.mark.vllm
@@ -45,25 +45,9 @@ def test_vllm_serves_the_release_the_loop_trained(
     with ReefServer(tmp_path / "state", *args, env={"REEF_REEF__AUTO": "true"}) as srv:
         asked = [{"role": "user", "content": "question 0"}]
         prompt, before, base_release = _ask(srv, S, messages=asked)
-        client = openai.OpenAI(
-            base_url=srv.base_url, api_key="none", default_headers={"x-reef-scenario": S}
-        )
-        receipts = []
-        for i in range(4):
-            raw = client.chat.completions.with_raw_response.create(
-                model="tiny",
-                messages=[{"role": "user", "content": f"question {i}"}],
-                max_tokens=4,
-                temperature=0,
-            )
-            receipts.append(raw.headers["x-reef-agent-record-id"])
-        for rid in receipts:
-            r = httpx.post(
-                f"{srv.url}/reef/report",
-                json={"score": 1.0, "references": [rid], "feedback": {"correction": "hello there"}},
-                headers={"x-reef-scenario": S},
-            )
-            assert r.status_code == 201, r.text
+        receipts = traffic(srv, S, 4, prompt="question {i}", max_tokens=4, temperature=0)
+        correction = {"score": 1.0, "feedback": {"correction": "hello there"}}
+        report_all(srv, S, receipts, lambda i, rid: correction)
 
         deadline = time.monotonic() + 200
         chain: list[dict] = []

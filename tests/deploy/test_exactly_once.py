@@ -1,0 +1,180 @@
+"""Publishing and promoting are exactly once per candidate, whatever fails on the way.
+
+Driven through a served Reef app over HTTP (the chain of a worker process reaches its engine
+through the admin routes). Failures are injected into the real path: the engine's verify step
+fails, or the store "dies" right after the compare-and-swap, before the candidate's status is
+written (a process killed there)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from deploy.candidates import promoted
+from deploy.chain import ReleaseChain
+from deploy.release import deploy
+from reef import registry
+from reef.errors import Conflict, EngineUnavailable, ReefError
+from reef.gate import Decision
+from reef.records import Candidate
+from reef.store.sql import SQLStore
+from reef.variants import Variants
+from tests.engines.test_embedded_releases import lora
+from tests.reefserver import InProcessReef
+
+
+class Killed(BaseException):
+    """The process dies here: nothing after it runs, no handler catches it."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    with InProcessReef(tmp_path_factory.mktemp("once")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from reef.models import resolve_model
+
+    tiny = resolve_model("tiny", Path.home() / ".cache" / "reef" / "models")
+    out = tmp_path_factory.mktemp("adapter") / "adapter"
+    lora(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), 3, out)
+    return out
+
+
+def _candidate(chain: ReleaseChain, scenario: str, files: Path, status: str) -> Candidate:
+    chain.store.ensure_scenario(scenario)
+    head = chain.store.head_release(scenario)
+    decision = Decision(status=status, policy="always", test="none", reason="test", n=0)  # type: ignore[arg-type]
+    return chain.add_weights_candidate(
+        head,
+        files,
+        "adapter",
+        decision,
+        recipe="sft",
+        dataset_id="sha256:test",
+        metrics={},
+        run_id=None,
+        base_model="tiny",
+    )
+
+
+def _loaded(chain: ReleaseChain, scenario: str) -> list[str]:
+    return [v for v in chain.engine.variants() if v.startswith(f"{scenario}@")]
+
+
+def _failing_verify(monkeypatch: pytest.MonkeyPatch, times: int) -> dict[str, int]:
+    """The engine's verify step fails `times` times (a 503, as an engine that is busy), then
+    runs for real."""
+    calls = {"n": 0}
+    real = Variants.verify
+
+    async def verify(self: Variants, name: str) -> dict[str, Any]:
+        calls["n"] += 1
+        if calls["n"] <= times:
+            raise EngineUnavailable(f"verify failed ({calls['n']})")
+        return await real(self, name)
+
+    monkeypatch.setattr(Variants, "verify", verify)
+    return calls
+
+
+def test_a_retry_after_a_failed_verify_publishes_once(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _failing_verify(monkeypatch, times=1)
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, "once-verify", adapter, "accepted")
+        base = chain.store.head_release("once-verify")
+        release = chain.publish(cand, attempts=3, retry_delay_s=0)
+        assert calls["n"] == 2
+        chain_now = chain.store.list_releases("once-verify")
+        assert [r.id for r in chain_now] == [base.id, cand.id]
+        assert chain.store.get_candidate("once-verify", cand.id).status == "published"
+        assert chain.store.head_release("once-verify").id == release.id == cand.id
+        assert registry.champion(server.settings.tracking_uri, "once-verify")[1] == cand.id
+        # publishing it again is a no-op that answers the same release
+        assert chain.publish(cand).id == cand.id
+        assert len(chain.store.list_releases("once-verify")) == 2
+
+
+def test_a_failed_candidate_is_never_published(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _failing_verify(monkeypatch, times=10)
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, "once-failed", adapter, "accepted")
+        base = chain.store.head_release("once-failed")
+        with pytest.raises(ReefError, match="verify failed"):
+            chain.publish(cand, attempts=2, retry_delay_s=0)
+        assert chain.store.get_candidate("once-failed", cand.id).status == "failed"
+        monkeypatch.undo()  # the engine is healthy again: a retry still must not publish it
+        with pytest.raises(Conflict, match="is failed"):
+            chain.publish(cand, attempts=3, retry_delay_s=0)
+        assert chain.store.list_releases("once-failed") == [base]
+        assert _loaded(chain, "once-failed") == []  # nothing left staged
+
+
+def test_killed_between_the_swap_and_the_status(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = SQLStore.set_candidate_status
+
+    def dies(self: SQLStore, scenario: str, cid: str, status: str, **kw: Any) -> Candidate:
+        if status == "published":
+            raise Killed()
+        return real(self, scenario, cid, status, **kw)
+
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, "once-killed", adapter, "accepted")
+        monkeypatch.setattr(SQLStore, "set_candidate_status", dies)
+        with pytest.raises(Killed):
+            chain.publish(cand, attempts=3, retry_delay_s=0)
+        monkeypatch.undo()
+        # the head moved, the status was never written
+        assert chain.store.head_release("once-killed").id == cand.id
+        assert chain.store.get_candidate("once-killed", cand.id).status == "pending"
+    with ReleaseChain.for_settings(server.settings) as chain:  # the retry, in a new process
+        release = chain.publish(cand, attempts=3, retry_delay_s=0)
+        assert release.id == cand.id
+        assert chain.store.get_candidate("once-killed", cand.id).status == "published"
+        assert [r.id for r in chain.store.list_releases("once-killed")][-1] == cand.id
+        assert len(chain.store.list_releases("once-killed")) == 2
+
+
+def test_a_promote_that_moved_the_head_is_finished_by_the_next(
+    server: InProcessReef, adapter: Path
+) -> None:
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, "once-promote", adapter, "pending")
+        # an earlier promote moved the head, then died before the candidate said so
+        deploy(chain.store, chain.engine, promoted(cand, chain.store.head_release("once-promote")))
+        assert chain.store.get_candidate("once-promote", cand.id).status == "pending"
+        release = chain.promote("once-promote", cand.id, by="ops")
+        assert release.id == cand.id and "approval" not in release.metadata  # the first's
+        assert chain.store.get_candidate("once-promote", cand.id).status == "published"
+        assert len(chain.store.list_releases("once-promote")) == 2
+        with pytest.raises(Conflict, match="is published"):  # done: a second promote is refused
+            chain.promote("once-promote", cand.id, by="ops")
+
+
+def test_an_error_that_is_not_a_reef_error_unstages(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def verify(self: Variants, name: str) -> dict[str, Any]:
+        raise RuntimeError("CUDA error: an illegal memory access")  # torch, say
+
+    monkeypatch.setattr(Variants, "verify", verify)
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, "once-torch", adapter, "accepted")
+        with pytest.raises(ReefError):  # the route answers 500 to the chain's admin client
+            chain.publish(cand, attempts=1)
+        assert _loaded(chain, "once-torch") == []
+        assert chain.store.get_candidate("once-torch", cand.id).status == "failed"
+        assert len(chain.store.list_releases("once-torch")) == 1
