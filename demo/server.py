@@ -27,24 +27,43 @@ def free_port() -> int:
 
 
 def wait_ready(url: str, timeout_s: float, gone: Callable[[], str | None]) -> None:
-    """Poll `url`/readyz until it answers 200. `gone()` says why the server is no more (None
-    while it runs); that, or `timeout_s` passing, raises."""
+    """Poll `url` (a health route) until it answers 200. `gone()` says why the server is no
+    more (None while it runs); that, or `timeout_s` passing, raises."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (why := gone()) is not None:
             raise RuntimeError(why)
         try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+            if httpx.get(url, timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s")
 
 
-class ReefProcess:
-    """`reef serve ARGS --port P --state-dir S`; `base_url` is what the openai SDK takes. The
-    evolve worker runs when the settings say so (`REEF_REEF__AUTO` in `env`, or the config).
+class Served:
+    """Where a Reef server answers on loopback (`base_url` is what the openai SDK takes) and
+    where its state lies."""
+
+    port: int
+    state_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.state_dir / 'mlflow.db'}"
+
+
+class ReefProcess(Served):
+    """`reef serve ARGS --port P --state-dir S` in its own process group. The evolve worker runs when the settings say so (`REEF_REEF__AUTO` in `env`, or the config).
     `env` adds to this process's environment; a None value removes the variable."""
 
     def __init__(
@@ -62,18 +81,6 @@ class ReefProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / (log_name or f"server-{self.port}.log")
         self._log_offset = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
-
-    @property
-    def tracking_uri(self) -> str:
-        return f"sqlite:///{self.state_dir / 'mlflow.db'}"
 
     def start(self, timeout_s: float = 300.0) -> ReefProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +103,7 @@ class ReefProcess:
             start_new_session=True,
         )
         try:
-            wait_ready(self.url, timeout_s, self._gone)
+            wait_ready(f"{self.url}/readyz", timeout_s, self._gone)
         except TimeoutError as e:
             self.stop()
             raise RuntimeError(f"reef serve: {e}:\n{self.log()[-4000:]}") from None

@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from demo.server import REEF, ReefProcess, free_port, wait_ready
+from demo.server import REEF, ReefProcess, Served, free_port, wait_ready
 
-__all__ = ["REEF", "EchoUpstream", "InProcessReef", "ReefServer", "free_port"]
+__all__ = ["REEF", "EchoUpstream", "InProcessReef", "ReefServer", "free_port", "wait_ready"]
 
 
 class ReefServer(ReefProcess):
@@ -64,7 +64,7 @@ class _Records(logging.Handler):
             self.handleError(record)
 
 
-class InProcessReef:
+class InProcessReef(Served):
     """What `reef serve` runs — settings from `config` and nested `overrides` (the command-line
     flags' shape: `engine={"kind": "upstream", ...}`), the engine `cli.serve.build_engine`
     constructs, `api.app.create_app` — served by uvicorn in a background thread on a loopback
@@ -101,18 +101,6 @@ class InProcessReef:
         self._thread: threading.Thread | None = None
         self._records = _Records()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
-
-    @property
-    def tracking_uri(self) -> str:
-        return f"sqlite:///{self.state_dir / 'mlflow.db'}"
-
     def start(self, timeout_s: float = 120.0) -> InProcessReef:
         import uvicorn
 
@@ -142,7 +130,7 @@ class InProcessReef:
         )
         self._thread.start()
         try:
-            wait_ready(self.url, timeout_s, self._gone)
+            wait_ready(f"{self.url}/readyz", timeout_s, self._gone)
         except TimeoutError as e:
             self.stop()
             raise RuntimeError(f"reef app: {e}:\n{self.log()[-4000:]}") from None

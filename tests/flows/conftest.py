@@ -12,15 +12,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 # the real S3 server (moto_server) and a fresh bucket, shared with the experience tests
 from tests.experience.conftest import s3_bucket, s3_endpoint
-from tests.reefserver import free_port
+from tests.reefserver import free_port, wait_ready
 
 __all__ = ["s3_bucket", "s3_endpoint"]
 
@@ -65,18 +63,18 @@ class _PrefectServer:
             )
 
     def wait(self, timeout_s: float = 180.0) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the Prefect server exited:\n{self.log.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"the Prefect server was not healthy after {timeout_s:.0f}s")
+        proc = self.proc
+        assert proc is not None
+
+        def gone() -> str | None:
+            if proc.poll() is None:
+                return None
+            return f"the Prefect server exited:\n{self.log.read_text()[-4000:]}"
+
+        try:
+            wait_ready(f"{self.url}/health", timeout_s, gone)
+        except TimeoutError as e:
+            raise RuntimeError(f"the Prefect server: {e}") from None
 
     def stop(self) -> None:
         if "prefect" in sys.modules and self.proc is not None and self.proc.poll() is None:
