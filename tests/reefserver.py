@@ -10,8 +10,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from demo.server import REEF, ReefProcess, Served, free_port, wait_ready
 
@@ -197,3 +201,14 @@ class EchoUpstream:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+def wait_for(what: str, fn: Callable[[], Any], server: Any, timeout: float = 300) -> Any:
+    """Poll `fn` until it returns something truthy; fail naming `what`, with the server's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.5)
+    pytest.fail(f"{what} within {timeout}s; server log:\n{server.log()[-6000:]}")

@@ -12,20 +12,10 @@ import openai
 import pytest
 import yaml
 
-from tests.reefserver import ReefServer
+from tests.reefserver import ReefServer, wait_for
 from tests.traffic import report_all, traffic
 
 S = "e2e"
-
-
-def _wait_for(fn, timeout: float, what: str, server: ReefServer):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.5)
-    pytest.fail(f"{what} within {timeout}s; server log:\n{server.log()[-6000:]}")
 
 
 @pytest.mark.loop
@@ -61,7 +51,7 @@ def test_sft_release_deploys_serves_and_rolls_back(tmp_path: Path) -> None:
             chain = releases()
             return chain if len(chain) == 2 else None
 
-        chain = _wait_for(two_releases, 240, "a new release", srv)
+        chain = wait_for("a new release", two_releases, srv, 240)
         new = chain[0]
         assert new["current"] and new["operation"] == "training" and new["kind"] == "adapter"
         assert new["parent_release_id"] == base[0]["release_id"]

@@ -4,8 +4,6 @@ instruction job completes. Driven through a real `reef serve` with its worker pr
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +11,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.reefserver import ReefServer
+from tests.reefserver import ReefServer, wait_for
 from tests.traffic import traffic
-
-
-def _wait(what: str, fn: Callable[[], Any], srv: ReefServer, timeout: float = 300) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(1.0)
-    pytest.fail(f"{what} within {timeout}s; server log:\n{srv.log()[-6000:]}")
 
 
 def _pending(srv: ReefServer, scenario: str) -> list[dict[str, Any]]:
@@ -50,7 +38,7 @@ def test_a_waiting_candidate_holds_up_no_other_run(tmp_path: Path) -> None:
             return {"score": 1.0, "feedback": {"correction": "yes"}}
 
         traffic(srv, "waits", 2, report=good, max_tokens=3)
-        first = _wait("the first candidate pending", lambda: _pending(srv, "waits"), srv)
+        first = wait_for("the first candidate pending", lambda: _pending(srv, "waits"), srv)
 
         # the first flow run is paused for approval; the worker still runs everything else
         traffic(srv, "moves-on", 2, report=good, max_tokens=3)
@@ -61,8 +49,8 @@ def test_a_waiting_candidate_holds_up_no_other_run(tmp_path: Path) -> None:
         )
         assert r.status_code == 202, r.text
         job_url = r.json()["url"]
-        _wait("the other scenario's candidate", lambda: _pending(srv, "moves-on"), srv)
-        job = _wait(
+        wait_for("the other scenario's candidate", lambda: _pending(srv, "moves-on"), srv)
+        job = wait_for(
             "the instruction job done",
             lambda: (j := httpx.get(job_url).json())["status"] in ("done", "failed") and j,
             srv,
