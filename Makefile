@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv vllm-venv test-vllm run test test-loop test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo smollm2 clean
+.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions smollm2 clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -62,9 +62,40 @@ test: venv
 test-loop: venv
 	$(BIN)/pytest -m loop $(PYTEST_ARGS)
 
+# The dashboard in a real browser: Debian's Chromium (apt-get install chromium) driven by
+# Playwright, on a reef serve with its evolve worker (the operator's loop, ~2-4 min).
+test-ui: venv
+	$(BIN)/pytest -m ui $(PYTEST_ARGS)
+
+# The dashboard's pages as PNGs in docs/ (docs/ui.md shows them): the browser test, saving a
+# screenshot of each page as it walks the loop.
+screenshots: venv
+	REEF_UI_SCREENSHOTS=$(abspath docs) $(BIN)/pytest -m ui -s $(PYTEST_ARGS)
+
+# The dashboard's vendored chart library (uPlot): installed from npm by its lockfile, and the
+# built files copied into api/ui/static/ (committed, so serving needs no npm).
+ui:
+	cd api/ui && npm ci --no-audit --no-fund
+	cp api/ui/node_modules/uplot/dist/uPlot.iife.min.js api/ui/node_modules/uplot/dist/uPlot.min.css api/ui/static/
+	cp api/ui/node_modules/uplot/LICENSE api/ui/static/uPlot.LICENSE
+
 # Real vLLM behind `reef serve --engine vllm`: serving, LoRA and full-weight deploys.
 test-vllm: venv vllm-venv
 	REEF_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -m vllm $(PYTEST_ARGS)
+
+# The coding agents Reef installs (codex, claude-code, opencode), at the versions the install
+# route pins (api/routes/harness.py AGENTS), each in its own npm prefix under .agents/: the
+# project's folder, never a global install.
+AGENTS_DIR ?= .agents
+agents: venv
+	$(BIN)/python -c 'from api.routes.harness import AGENTS; [print(k, f"{a.package}@{a.version}") for k, a in AGENTS.items()]' \
+	    | while read -r adapter spec; do \
+	        npm install --loglevel=error --no-audit --no-fund --prefix $(AGENTS_DIR)/$$adapter "$$spec" || exit 1; \
+	    done
+
+# The real agents, installed by Reef's script into a throwaway HOME, run against `reef serve`.
+test-agents: venv agents
+	$(BIN)/pytest -m agents $(PYTEST_ARGS)
 
 test-slow: venv smollm2
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
@@ -99,6 +130,22 @@ bench-harness: venv smollm2
 DEMO_ARGS ?=
 demo: venv smollm2
 	$(BIN)/python -m demo $(DEMO_ARGS)
+
+# TTT-Discover on circle packing through Reef (SmolLM2 + LoRA, tttd recipe): TTT vs frozen
+# PUCT search vs random sampling at an equal rollout budget; DISCOVER_ARGS=--docs refreshes
+# docs/discover.png. scripts/tttd_gpu.sh runs it at N = 26 on a GPU with vLLM.
+DISCOVER_ARGS ?=
+demo-discover: venv smollm2
+	$(BIN)/python -m demo.discover $(DISCOVER_ARGS)
+
+# SmolLM2 learns "one sentence" from next-turn reactions alone (openclaw recipe, rule judge);
+# bench-reactions compares its combined / RL-only / OPD-only modes with the frozen model.
+REACTIONS_ARGS ?=
+demo-reactions: venv smollm2
+	$(BIN)/python -m demo.reactions_run $(REACTIONS_ARGS)
+
+bench-reactions: venv smollm2
+	$(BIN)/python bench/reactions.py $(REACTIONS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -58,10 +58,11 @@ async def start_call(
     engine_body: dict[str, Any],
     *,
     session_id: str | None = None,
+    native: bool = False,
 ) -> Call:
     """The call for this request, placed in its session (or a replay of an idempotent retry).
     An explicit session (the x-reef-session-id header) wins over `session_id`, the session a
-    route found itself (a continued response's)."""
+    route found itself (a continued response's). `native`: see Serving.new_call."""
     asked = call_headers(request)
     return await svc.serving.new_call(
         scenario,
@@ -71,6 +72,9 @@ async def start_call(
         asked.tags,
         session_id=asked.session_id or session_id,
         idempotency_key=asked.idempotency_key,
+        native=native,
+        # the end user, which keeps one rollout arm with rollout.sticky "user"
+        user_id=request.headers.get("x-reef-user-id"),
     )
 
 

@@ -15,12 +15,13 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 import reef
-from api import errors
+from api import errors, ui
 from api.auth import Authenticator
 from api.evolver import Evolver
 from api.guard import BrowserGuard, allowed_hosts
 from api.metrics import Metrics, MetricsMiddleware
 from api.readiness_metrics import ReadinessCollector
+from api.rollouts import watch as rollout_watch
 from api.routes import (
     anthropic,
     engine_admin,
@@ -32,12 +33,14 @@ from api.routes import (
     responses,
 )
 from api.routes import reef as reef_routes
+from api.routes import rollouts as rollout_routes
 from api.services import LocalEngine, Services
 from deploy.chain import ReleaseChain
 from reef.artifacts import artifacts_for
 from reef.engines.base import Deployable, Engine
 from reef.harness import HarnessCache
 from reef.limits import Limits
+from reef.rollouts import Rollouts
 from reef.serving import Serving
 from reef.settings import Settings
 from reef.store.base import Store
@@ -115,6 +118,7 @@ def create_app(
         variants=variants,
         harnesses=harnesses,
         limits=Limits.from_settings(settings),
+        rollouts=Rollouts(store, settings.rollout),
     )
     local = LocalEngine(engine, serving, variants)
     svc = Services(
@@ -140,6 +144,10 @@ def create_app(
         await engine.start()
         if evolver is not None:
             evolver.start()
+        assert serving.rollouts is not None
+        watcher = asyncio.create_task(
+            rollout_watch(svc.chain, serving.rollouts, settings.rollout.check_interval_s)
+        )
         # Everything loaded so far (framework, engine, model) lives as long as the process:
         # move it out of the collector's sight. Measured: full collections scanning it were
         # the 75 ms p99 at 16 connections (10 ms frozen), and cost ~15% of throughput.
@@ -148,6 +156,7 @@ def create_app(
         try:
             yield
         finally:
+            watcher.cancel()
             if evolver is not None:
                 await asyncio.to_thread(evolver.stop)
             await committer.aclose()  # flush what is pending before anything goes away
@@ -181,10 +190,12 @@ def create_app(
     app.include_router(responses.router)
     app.include_router(reef_routes.router)
     app.include_router(releases.router)
+    app.include_router(rollout_routes.router)
     app.include_router(engine_admin.router)
     app.include_router(experience.router)
     app.include_router(harness.router)
     app.include_router(health.router)
+    ui.install(app)  # the dashboard at /ui
     # The inference routes also go in front as plain Starlette routes: the same endpoint
     # functions (they take the Request and return a Response) without FastAPI's per-request
     # dependency machinery. Measured with bench/upstream_overhead.py: ~100 us per call, a

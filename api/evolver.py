@@ -55,9 +55,10 @@ class Evolver:
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True, env=env)
         log.info("evolve worker started (pid %d)", self._proc.pid)
 
-    def notify(self, scenario: str) -> None:
-        """A report arrived for `scenario`: the worker checks whether a batch is ready."""
-        self._send(scenario)
+    def notify(self, scenario: str) -> bool:
+        """A report arrived for `scenario` (or the dashboard asked): the worker checks whether a
+        batch is ready. False when the worker is not running."""
+        return self._send(scenario)
 
     def run_job(self, scenario: str, job_id: str) -> bool:
         """Hand a user's job to the worker; False when the worker is not running."""

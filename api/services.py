@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from reef.errors import BadRequest, ServiceUnavailable
 from reef.serving import Serving
 from reef.settings import Settings
 from reef.store.base import Store
+from reef.store.browse import Browse
 from reef.store.commits import GroupCommitter
 from reef.variants import Variants
 from reef.wire import SCENARIO_PATTERN
@@ -42,6 +44,11 @@ class Services:
     local: LocalEngine
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
+
+    @functools.cached_property
+    def browse(self) -> Browse:
+        """The dashboard's read-only, index-bounded queries over this store."""
+        return Browse(self.store)
 
 
 class LocalEngine:

@@ -159,6 +159,25 @@ def move_head(args: argparse.Namespace) -> int:
     return 0
 
 
+def rollout(args: argparse.Namespace) -> int:
+    """`reef rollout status|promote|abort --scenario S`: a live canary, or end it now."""
+    path = f"/reef/scenarios/{args.scenario}/rollout"
+    if args.action == "status":
+        r = _admin_call(args, "GET", path)
+        print(
+            f"reef: canary {r['canary_release_id']} vs control {r['control_release_id']} "
+            f"({r['share']:.0%} of sessions by {r['sticky']}, since {r['started_at'][:19]})"
+        )
+        print(f"reef: {r['verdict']['outcome']}: {r['verdict']['reason']}")
+        if r.get("abort"):
+            print(f"reef: the guardrail would abort it: {r['abort']}")
+        return 0
+    body = {"reason": args.reason} if args.action == "abort" and args.reason else None
+    r = _admin_call(args, "POST", f"{path}/{args.action}", body)
+    print(f"reef: rollout {args.action}: release {r['release_id']} (seq {r['seq']}) is the head")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reef", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -220,6 +239,15 @@ def parser() -> argparse.ArgumentParser:
         r.add_argument("--url", help="the reef server (default: from the settings)")
         r.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
         r.set_defaults(func=releases if name == "releases" else move_head)
+
+    ro = sub.add_parser("rollout", help="a scenario's live canary: status, promote or abort")
+    ro.add_argument("action", choices=["status", "promote", "abort"])
+    ro.add_argument("--scenario", required=True)
+    ro.add_argument("--reason", help="abort: why (recorded on the rollback release)")
+    ro.add_argument("-c", "--config", type=Path, help="YAML settings file")
+    ro.add_argument("--url", help="the reef server (default: from the settings)")
+    ro.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
+    ro.set_defaults(func=rollout)
 
     c = sub.add_parser(
         "gc", help="finish scenario deletions: remove their files and MLflow entries"

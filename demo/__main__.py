@@ -8,11 +8,17 @@ most five words), reports it (a failed one with the reference answer as its corr
 until Reef's evolve worker has trained, published and deployed the new release, then measures
 the pass rate on 16 held-out questions that are never reported. It stops at the target pass
 rate or after the round budget.
+
+Beside the preference it measures correctness (does the held-out answer name the reference
+answer?), and by default the gate carries a guard on exactly that (`gate.guards`, scorer
+`contains`): a candidate that got shorter by getting wrong is rejected, by name, and the head
+stays. `--no-guard` shows the run without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -22,7 +28,7 @@ from pathlib import Path
 
 from demo.app import Answer, App
 from demo.curve import Step, log_mlflow, plot, table
-from demo.preference import HELD_OUT, SYSTEM_PROMPT, TRAIN
+from demo.preference import HELD_OUT, HELD_OUT_KEYS, SYSTEM_PROMPT, TRAIN, correct, messages
 from demo.server import Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +49,21 @@ RECIPE_PARAMS = {
 SHOWN = ("eligible samples", "train step", "gate:", "is the head", "evolve failed", "Traceback")
 
 
-def config(params: dict) -> dict:
+def guard_tasks(path: Path) -> Path:
+    """The correctness guard's task set: the held-out questions with their reference keys."""
+    lines = [
+        json.dumps({"id": f"held-out-{i}", "messages": messages(q), "answer": keys})
+        for i, ((q, _), keys) in enumerate(zip(HELD_OUT, HELD_OUT_KEYS, strict=True))
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def config(params: dict, guard: dict | None = None, max_tokens: int = 24) -> dict:
+    gate: dict = {"policy": "always"}
+    if guard is not None:
+        # Guards hold under every policy: `always` still refuses a candidate that broke one.
+        gate |= {"guards": [guard], "max_tokens": max_tokens}
     return {
         # All 16 held-out questions in one batch, on every core (an explicit `threads` beats
         # the OMP_NUM_THREADS the evolve worker gets, see `run`).
@@ -51,7 +71,7 @@ def config(params: dict) -> dict:
         # `always`: every candidate becomes a release (the demo measures it on held-out
         # questions itself); `improve` would hold out 2 of 8 samples and gate on them.
         "reef": {"recipe": "sft", "batch_size": BATCH, "params": params},
-        "gate": {"policy": "always"},
+        "gate": gate,
     }
 
 
@@ -79,9 +99,23 @@ def measure(app: App, release_id: str, clock: Clock) -> tuple[float, int, list[A
     raise RuntimeError(f"release {release_id} never served the held-out questions")
 
 
+def right(answers: list[Answer]) -> int:
+    """How many held-out answers name their reference answer."""
+    return sum(correct(a.text, HELD_OUT_KEYS[i]) for i, a in enumerate(answers))
+
+
+def rejected_since(app: App, known: set[str]) -> dict | None:
+    """A candidate the gate refused that was not there before the round, if any."""
+    return next(
+        (c for c in app.candidates() if c["release_id"] not in known and c["status"] == "rejected"),
+        None,
+    )
+
+
 def wait_for_release(
-    app: App, server: Server, previous: str, clock: Clock, timeout_s: float
+    app: App, server: Server, previous: str, clock: Clock, timeout_s: float, known: set[str]
 ) -> dict:
+    """The new head, or (a guard refused the round's candidate) {"rejected": reason}."""
     deadline = time.monotonic() + timeout_s
     shown = ""
     while time.monotonic() < deadline:
@@ -97,6 +131,9 @@ def wait_for_release(
         head = app.head()
         if head is not None and head["release_id"] != previous:
             return head
+        refused = rejected_since(app, known)
+        if refused is not None:
+            return {"rejected": refused.get("message") or refused["gate"]["reason"]}
         time.sleep(0.5)
     raise RuntimeError(f"no new release within {timeout_s:.0f}s:\n{server.log()[-6000:]}")
 
@@ -111,6 +148,7 @@ def run(
     round_timeout_s: float,
     train_threads: int = 1,
     docs_png: Path | None = None,
+    guard_max_drop: float | None = None,
 ) -> list[Step]:
     clock = Clock()
     clock.say(f"state in {state_dir}; starting reef serve --model smollm2 (evolve worker on)")
@@ -118,7 +156,13 @@ def run(
     # trains 3-4x faster than two (measured: 2 SFT steps 6 s vs 16-27 s with the machine busy):
     # two OpenMP threads spin against the serving engine's and everyone else's.
     env = {"OMP_NUM_THREADS": str(train_threads)} if train_threads else {}
-    server = Server(state_dir, "smollm2", config(params), env=env)
+    guard = None
+    if guard_max_drop is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tasks = guard_tasks(state_dir / "guard-correct.jsonl")
+        guard = {"name": "correct", "dataset": str(tasks), "max_drop": guard_max_drop}
+        clock.say(f"gate guard 'correct': held-out reference answers, max drop {guard_max_drop}")
+    server = Server(state_dir, "smollm2", config(params, guard, max_tokens), env=env)
     steps: list[Step] = []
     try:
         server.start()
@@ -132,8 +176,14 @@ def run(
         t0 = clock()
         rate, passed, base_answers = measure(app, base_id, clock)
         answers = base_answers
-        steps.append(Step(0, base_id, rate, passed, len(HELD_OUT), clock() - t0, 0.0, clock()))
-        clock.say(f"base {base_id}: held-out pass rate {rate:.0%} ({passed}/{len(HELD_OUT)})")
+        ok_base = right(base_answers)
+        steps.append(
+            Step(0, base_id, rate, passed, len(HELD_OUT), clock() - t0, 0.0, clock(), None, ok_base)
+        )
+        clock.say(
+            f"base {base_id}: held-out pass rate {rate:.0%} ({passed}/{len(HELD_OUT)}), "
+            f"correct {ok_base}/{len(HELD_OUT)}"
+        )
         for n in range(1, rounds + 1):
             if rate >= target:
                 break
@@ -142,13 +192,19 @@ def run(
             answers = app.ask_all(pool)
             ok = sum(int(a.score) for a in answers)
             clock.say(f"round {n}: asked {BATCH} training questions, {ok}/{BATCH} kept to 5 words")
+            known = {c["release_id"] for c in app.candidates()}
             for a in answers:
                 app.report(a)
             reported = clock()
             clock.say(f"round {n}: reported {BATCH} ({BATCH - ok} with a correction)")
-            head = wait_for_release(app, server, head["release_id"], clock, round_timeout_s)
+            moved = wait_for_release(app, server, head["release_id"], clock, round_timeout_s, known)
             evolve_s = clock() - reported
-            clock.say(f"round {n}: release {head['release_id']} is the head ({evolve_s:.1f}s)")
+            refused = moved.get("rejected")
+            if refused:
+                clock.say(f"round {n}: the gate refused the candidate: {refused}")
+            else:
+                head = moved
+                clock.say(f"round {n}: release {head['release_id']} is the head ({evolve_s:.1f}s)")
             rate, passed, answers = measure(app, head["release_id"], clock)
             step = Step(
                 n,
@@ -160,19 +216,25 @@ def run(
                 evolve_s,
                 clock(),
                 ok / BATCH,
+                right(answers),
+                refused,
             )
             steps.append(step)
             print(
                 f"== round {n:2d}  release {step.release_id}  pass rate {rate:4.0%} "
-                f"({passed}/{len(HELD_OUT)})  {step.seconds:5.1f}s  (total {step.elapsed:.1f}s)",
+                f"({passed}/{len(HELD_OUT)})  correct {step.correct}/{len(HELD_OUT)}  "
+                f"{step.seconds:5.1f}s  (total {step.elapsed:.1f}s)",
                 flush=True,
             )
         app.close()
         print("\nheld-out answers, base -> last release:", flush=True)
         for before, after in list(zip(base_answers, answers, strict=True))[:6]:
+            keys = HELD_OUT_KEYS[HELD_OUT.index((before.question, before.reference))]
             print(
-                f"  {before.question}\n    {before.text.strip()!r} ({int(before.score)})"
-                f"\n -> {after.text.strip()!r} ({int(after.score)})",
+                f"  {before.question}\n    {before.text.strip()!r} ({int(before.score)}, "
+                f"{'right' if correct(before.text, keys) else 'wrong'})"
+                f"\n -> {after.text.strip()!r} ({int(after.score)}, "
+                f"{'right' if correct(after.text, keys) else 'wrong'})",
                 flush=True,
             )
     finally:
@@ -182,7 +244,10 @@ def run(
         f"{'reached' if reached else 'did not reach'} {target:.0%} after {len(steps) - 1} "
         f"round(s); total {clock():.1f}s"
     )
-    print("\nlearning curve (held-out pass rate per release):\n" + table(steps), flush=True)
+    print(
+        "\nlearning curve (held-out pass rate and correctness per release):\n" + table(steps),
+        flush=True,
+    )
     png = plot(
         steps,
         state_dir / "learning-curve.png",
@@ -223,6 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         "--train-threads", type=int, default=1, help="torch threads for training (0: default)"
     )
     p.add_argument("--docs", action="store_true", help="also write docs/learning-curve.png")
+    p.add_argument(
+        "--guard-max-drop",
+        type=float,
+        default=0.0,
+        help="the correctness guard's allowed drop in held-out correctness (default 0)",
+    )
+    p.add_argument("--no-guard", action="store_true", help="gate on nothing but the policy")
     args = p.parse_args(argv)
     state_dir = args.state_dir or ROOT / ".reef-demo" / datetime.now().strftime("%Y%m%d-%H%M%S")
     if state_dir.exists() and any(state_dir.iterdir()):
@@ -241,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         round_timeout_s=args.round_timeout,
         train_threads=args.train_threads,
         docs_png=ROOT / "docs" / "learning-curve.png" if args.docs else None,
+        guard_max_drop=None if args.no_guard else args.guard_max_drop,
     )
-    return 0 if steps[-1].pass_rate >= args.target else 1
+    # Success is the loop doing its job: the preference learned, or a guard that kept a
+    # candidate which bought it with wrong answers from becoming the head.
+    guarded = any(s.rejected and "guard" in s.rejected for s in steps)
+    return 0 if steps[-1].pass_rate >= args.target or guarded else 1
 
 
 if __name__ == "__main__":

@@ -19,18 +19,22 @@ class Step:
     evolve_seconds: float  # last report -> the new release is the head
     elapsed: float  # since the demo started
     train_pass_rate: float | None = None  # the round's training questions, before feedback
+    correct: int | None = None  # held-out answers naming the reference answer (the guard)
+    rejected: str | None = None  # the gate's reason, when this round's candidate was refused
 
 
 def table(steps: list[Step]) -> str:
     lines = [
-        "| round | release | held-out pass rate | training answers passing | round s | "
-        "evolve s | elapsed s |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| round | release | held-out pass rate | held-out correct | training answers passing "
+        "| round s | evolve s | elapsed s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in steps:
         train = "–" if s.train_pass_rate is None else f"{s.train_pass_rate:.0%}"
+        right = "–" if s.correct is None else f"{s.correct / s.asked:.0%} ({s.correct}/{s.asked})"
+        release = f"`{s.release_id}`" + (" (candidate rejected: head kept)" if s.rejected else "")
         lines.append(
-            f"| {s.round} | `{s.release_id}` | {s.pass_rate:.0%} ({s.passed}/{s.asked}) | "
+            f"| {s.round} | {release} | {s.pass_rate:.0%} ({s.passed}/{s.asked}) | {right} | "
             f"{train} | {s.seconds:.1f} | {s.evolve_seconds:.1f} | {s.elapsed:.1f} |"
         )
     return "\n".join(lines)
@@ -105,6 +109,8 @@ def log_mlflow(
         client.log_metric(run_id, "evolve_seconds", s.evolve_seconds, step=s.round)
         if s.train_pass_rate is not None:
             client.log_metric(run_id, "train_pass_rate", s.train_pass_rate, step=s.round)
+        if s.correct is not None:
+            client.log_metric(run_id, "correct_rate", s.correct / s.asked, step=s.round)
     client.log_artifact(run_id, str(png))
     client.log_text(run_id, table(steps), "learning-curve.md")
     client.log_text(run_id, json.dumps([asdict(s) for s in steps], indent=2), "steps.json")

@@ -116,3 +116,35 @@ HELD_OUT: list[tuple[str, str]] = [
     ("Which planet has the most famous rings?", "Saturn."),
     ("What do cows drink?", "Water."),
 ]
+
+# What makes each held-out answer right, for the correctness guard (recipes.scorers:
+# contains_answer: any of these as whole words, case and punctuation aside). Aligned with
+# HELD_OUT: "Jupiter." is wrong for the smallest planet however short it is.
+HELD_OUT_KEYS: list[list[str]] = [
+    ["Cairo"],
+    ["six", "6"],
+    ["yellow"],
+    ["Austen"],
+    ["Mercury"],
+    ["twelve", "12"],
+    ["Fe"],
+    ["Moscow"],
+    ["elephant"],
+    ["eighty-one", "eighty one", "81"],
+    ["Fleming"],
+    ["Antarctica"],
+    ["eleven", "11"],
+    ["Spanish"],
+    ["Saturn"],
+    ["water"],
+]
+
+
+def correct(text: str | None, keys: list[str]) -> bool:
+    """Whether an answer names one of `keys` as whole words (the guard's scorer, here)."""
+    got = f" {_normal(text or '')} "
+    return any(f" {_normal(k)} " in got for k in keys)
+
+
+def _normal(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())

@@ -43,6 +43,7 @@ from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
 from reef.store.base import Store
 from reef.store.sql import open_store
+from reef.variants import variant_name
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +307,82 @@ class ReleaseChain:
         release = harness_release(head, ref)
         model_uri = harness_version(self.settings, release, harness, recipe="admin", gate="harness")
         return self._deploy(release, model_uri=model_uri)
+
+    # rollouts (deploy.rollout decides; these move the statuses and the head) ---------------
+    def start_canary(self, candidate: Candidate, rollout: dict[str, Any]) -> Candidate:
+        """Stage and verify an accepted candidate in the engine, then make it the scenario's
+        canary (compare-and-swap pending → canary). The head does not move: the canary serves
+        a share of sessions (reef.rollouts) until a promote or a rollback ends it."""
+        scenario = candidate.scenario
+        live = self.store.list_candidates(scenario, "canary")
+        if live:
+            raise Conflict(
+                f"scenario '{scenario}' has a live canary ({live[0].id}): end it first",
+                code="rollout_live",
+            )
+        release = candidate.release()
+        self._check_deployable(release)
+        if release.kind == "checkpoint" and self.settings.engine.kind == "vllm":
+            # One vLLM engine holds one set of full weights: both arms cannot be served.
+            raise BadRequest(
+                "a full-weights canary needs a second engine: a vLLM engine holds one set of "
+                "full weights, so it cannot serve the canary beside the head; train a LoRA "
+                "adapter, or set rollout.mode to immediate",
+                code="canary_needs_second_engine",
+            )
+        if release.kind != "base":
+            if not release.uri:
+                raise ReefError(f"candidate {candidate.id} has no files to stage")
+            name = variant_name(scenario, release.weights_id)
+            self.engine.load(name, release.kind, release.uri)
+            self.engine.verify(name)
+        state = {
+            **rollout,
+            "control_release_id": candidate.parent_id,
+            "started_at": utcnow().isoformat(),
+        }
+        started = self.store.set_candidate_status(
+            scenario,
+            candidate.id,
+            "canary",
+            expected="pending",
+            gate={**candidate.gate, "rollout": state},
+        )
+        self.mark(candidate, "canary")
+        return started
+
+    def canary(self, scenario: str) -> Candidate:
+        """The scenario's live canary (NotFound when none is live)."""
+        live = self.store.list_candidates(scenario, "canary")
+        if not live:
+            raise NotFound(f"scenario '{scenario}' has no live canary", code="no_rollout")
+        return live[0]
+
+    def promote_canary(self, scenario: str, *, by: str, verdict: dict[str, Any]) -> Release:
+        """The canary becomes the head through `publish` (compare-and-swap on the head it was
+        made on): refused, and the candidate marked failed, when the head moved meanwhile."""
+        cand = self.canary(scenario)
+        cand = self.store.set_candidate_status(
+            scenario, cand.id, "pending", expected="canary", message=None
+        )
+        approval = {"by": by, "via": "rollout", "at": utcnow().isoformat(), "rollout": verdict}
+        return self.publish(cand, approval=approval)
+
+    def roll_back_canary(
+        self, scenario: str, *, by: str, reason: str, verdict: dict[str, Any]
+    ) -> Release:
+        """Retire the canary (compare-and-swap canary → rolled_back) and record it on the chain:
+        a rollback release that republishes the head's content, with the reason and numbers."""
+        cand = self.canary(scenario)
+        self.store.set_candidate_status(
+            scenario, cand.id, "rolled_back", expected="canary", message=reason
+        )
+        self.mark(cand, "rolled_back")
+        head = self.store.head_release(scenario)
+        release = rolled_back(head, head)
+        note = {**verdict, "canary_release_id": cand.id, "reason": reason, "by": by}
+        release = dataclasses.replace(release, metadata={**release.metadata, "rollout": note})
+        return self._deploy(self._mirrored(release))
 
     # steps --------------------------------------------------------------------------------
     def _on_chain(self, scenario: str, release_id: str) -> Release | None:

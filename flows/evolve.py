@@ -40,8 +40,9 @@ def evolve(
     force: bool = False,
 ) -> dict[str, Any]:
     """Evolve `scenario` once from its eligible experience. Returns what happened: status
-    "not_ready" | "nothing_to_train" | "rejected" | "pending" | "published", with the
-    candidate and release ids."""
+    "not_ready" | "nothing_to_train" | "rejected" | "pending" | "published" | "canary" (it
+    serves a share of sessions first: rollout.mode canary), with the candidate and release
+    ids."""
     import mlflow
 
     from reef import registry
@@ -57,6 +58,10 @@ def evolve(
         # SFT steps ran 3-4x slower on torch's default 2 threads than on 1.
         torch.set_num_threads(loop.train_threads)
     recipe = load_recipe(loop.recipe, loop.params)
+    if recipe.default_gate is not None and "policy" not in settings.gate.model_fields_set:
+        # The recipe's own gate when the configuration names none (tttd: `always`).
+        gate = settings.gate.model_copy(update={"policy": recipe.default_gate})
+        settings = settings.model_copy(update={"gate": gate})
     # A harness recipe keeps the weights: it needs no weights of its own (any engine serves).
     model = weights.base_model(settings) if isinstance(recipe, WeightsRecipe) else None
     store = open_store(settings.database_url)
@@ -74,6 +79,7 @@ def evolve(
         recipe=loop.recipe,
         max_staleness=loop.max_staleness,
         artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
+        rule=recipe.report_rule,
     )
     if snapshot.rows < loop.batch_size and not (force and snapshot.rows):
         logger.info(
@@ -86,8 +92,25 @@ def evolve(
         max_staleness=loop.max_staleness,
         artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
     )
-    rows = load(artifacts_for(settings), snapshot.key).to_pylist()
-    holdout = 0.0 if settings.gate.policy == "always" else settings.gate.holdout
+    selection = recipe.select(load(artifacts_for(settings), snapshot.key).to_pylist())
+    if selection.discard:  # rows that can never train (e.g. a grid of mixed releases)
+        consume(
+            settings.database_url,
+            experience,
+            {r["sample_id"] for r in selection.discard},
+            new_id("batch"),
+        )
+    if selection.waiting is not None:
+        logger.info("%s: %s", scenario, selection.waiting)
+        return {
+            "status": "not_ready",
+            "eligible": snapshot.rows,
+            "batch_size": loop.batch_size,
+            "reason": selection.waiting,
+        }
+    rows = list(selection.rows)
+    whole = selection.whole or settings.gate.policy == "always"
+    holdout = 0.0 if whole else settings.gate.holdout
     train_rows, held_out = split(rows, holdout)
     trained_ids = {r["sample_id"] for r in train_rows}
 

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from reef.artifacts import open_artifacts
 from reef.contracts import ContractViolation, ValidationReport, validate
 from reef.datasets import Snapshot, load, materialize
-from reef.experience import Experience, collect
+from reef.experience import Experience, Rule, collect
 from reef.recipe import RECIPES, recipe_class
 from reef.store.sql import open_store
 
@@ -31,11 +31,15 @@ def materialize_snapshot(
     recipe: str,
     max_staleness: int | None = None,
     artifacts_endpoint_url: str | None = None,
+    rule: Rule = "latest",
 ) -> tuple[Snapshot, Experience]:
-    """collect -> materialize; returns the snapshot and the experience it came from."""
+    """collect -> materialize; returns the snapshot and the experience it came from. `rule`
+    picks the report that counts among several on the same receipts (the recipe's)."""
     store = open_store(database_url)
     try:
-        experience = collect(store, scenario, kind, recipe=recipe, max_staleness=max_staleness)
+        experience = collect(
+            store, scenario, kind, recipe=recipe, max_staleness=max_staleness, rule=rule
+        )
     finally:
         store.close()
     artifacts = open_artifacts(artifacts_url, endpoint_url=artifacts_endpoint_url)

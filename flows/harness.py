@@ -190,6 +190,35 @@ def eval_tasks(
     return recipe.scorable(tasks_from_rows(held_out)), recipe.task_scorer()
 
 
+def guard_scores(
+    settings: Settings,
+    generate: Generate,
+    candidate: Harness,
+    head: Harness,
+    head_release: Release,
+    p: HarnessParams,
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Paired episodes on each guard's tasks (gate.guards), scored by the guard's scorer; the
+    head's episodes are not cached across runs here (the cache's key does not name a scorer)."""
+    from recipes.scorers import scorer_named
+
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for g in settings.gate.guards:
+        result = paired_evaluation(
+            generate,
+            task_set(g.dataset),
+            candidate,
+            head,
+            repeats=p.repeats,
+            scorer=scorer_named(g.scorer),
+            weights_id=head_release.weights_id,
+            sampling={"temperature": p.temperature, "max_tokens": p.max_tokens},
+            cache={},
+        )
+        out[g.name] = (result.candidate, result.head)
+    return out
+
+
 def candidate(
     settings: Settings,
     recipe: HarnessRecipe,
@@ -232,9 +261,10 @@ def candidate(
         mlflow.log_dict(dict(new.files), "harness_files.json")
         gate_tasks, scorer = eval_tasks(settings, recipe, held_out)
         result = evaluate(settings, generate, gate_tasks, scorer, new, current, head, p)
+        on_guards = guard_scores(settings, generate, new, current, head, p)
     finally:
         admin.close()
-    decision = gate(result.candidate, result.head, settings)
+    decision = gate(result.candidate, result.head, settings, on_guards)
     added = adds_executable(current, new)
     if added:
         decision = held_for_review(decision, f"adds executable content ({', '.join(added)})")

@@ -29,7 +29,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from deploy.chain import ReleaseChain
-from reef.gate import Decision, GatePolicy, decide
+from reef.gate import Decision, GatePolicy, check_guard, decide, with_guards
 from reef.harness import Harness
 from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
@@ -40,9 +40,23 @@ DEPLOY_ATTEMPTS = 3  # a deploy whose engine failed transiently is tried this of
 
 
 @task(retries=0, cache_policy=NO_CACHE)
-def gate(candidate: list[float], head: list[float], settings: Settings) -> Decision:
-    """The configured gate on paired scores (reef.gate.decide)."""
-    return decide(candidate, head, GatePolicy.for_settings(settings))
+def gate(
+    candidate: list[float],
+    head: list[float],
+    settings: Settings,
+    guards: dict[str, tuple[list[float], list[float]]] | None = None,
+) -> Decision:
+    """The configured gate on paired scores (reef.gate.decide), then its guards: `guards`
+    maps each configured guard's name to the candidate's and the head's scores on its tasks."""
+    policy = GatePolicy.for_settings(settings)
+    decision = decide(candidate, head, policy)
+    if guards is None:  # a caller with no guard tasks (an operator's instruction)
+        return decision
+    checks = []
+    for g in settings.gate.guards:
+        cand, base = guards.get(g.name, ([], []))
+        checks.append(check_guard(g.name, cand, base, g.max_drop, policy))
+    return with_guards(decision, checks)
 
 
 def held_for_review(decision: Decision, reason: str) -> Decision:
@@ -56,6 +70,8 @@ def log_gate(decision: Decision, evaluation: dict[str, Any], metrics: dict[str, 
 
     mlflow.log_metrics(metrics)
     mlflow.set_tags({"reef.gate": decision.status, "reef.gate_reason": decision.reason[:5000]})
+    if decision.broken_guard:
+        mlflow.set_tag("reef.broken_guard", decision.broken_guard)
     mlflow.log_dict({"decision": decision.as_dict(), "evaluation": evaluation}, "gate.json")
     get_run_logger().info("gate: %s — %s", decision.status, decision.reason)
 
@@ -158,10 +174,28 @@ def release(
             consumed()
             with ReleaseChain.for_settings(settings) as chain:
                 return {"status": chain.reject(candidate, note).status}
+    if settings.rollout.for_scenario(candidate.scenario).mode == "canary":
+        started = start_canary(settings, candidate)
+        consumed()
+        mlflow.set_tag("reef.rollout", "canary")
+        return {"status": started.status, "release_id": started.id}
     published = deploy(settings, candidate, approval)
     consumed()
     mlflow.set_tag("reef.release_id", published.id)
     return {"status": "published", "release_id": published.id, "seq": published.seq}
+
+
+@task(retries=0, cache_policy=NO_CACHE)
+def start_canary(settings: Settings, candidate: Candidate) -> Candidate:
+    """Stage and verify the candidate in the serving engine and make it the scenario's canary
+    (rollout.mode canary): it serves a share of sessions; the head stays until the rollout's
+    test (or an admin) promotes or rolls it back (deploy.rollout)."""
+    from deploy import rollout
+
+    with ReleaseChain.for_settings(settings) as chain:
+        started = rollout.start(chain, candidate)
+    get_run_logger().info("candidate %s is the canary of %s", started.id, started.scenario)
+    return started
 
 
 def wait_for_approval(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from deploy.chain import ReleaseChain
 from flows.release import gate, log_gate, register_weights
+from recipes.scorers import scorer_named
 from reef.errors import ReefError
 from reef.gate import Decision
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
@@ -35,6 +36,8 @@ class Evaluation:
     candidate: list[float]
     head: list[float]
     seconds: float
+    # per guard (gate.guards): the candidate's and the head's scores on its task set
+    guards: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
 
 def base_model(settings: Settings) -> Path:
@@ -98,24 +101,34 @@ def evaluate(
     else:
         threshold = float(getattr(recipe.params, "threshold", 0.5))
         samples, method = ev.replay_samples(held_out, threshold), "replay"
-    if not samples:
+    guards = [(g.name, ev.task_samples(g.dataset), scorer_named(g.scorer)) for g in gate_cfg.guards]
+    if not samples and not guards:
         return Evaluation("none", [], [], [], 0.0)
 
-    def scores(kind: str, path: Path | None) -> list[float]:
+    def scores(kind: str, path: Path | None) -> tuple[list[float], dict[str, list[float]]]:
+        """The model's scores on the evaluation set and on each guard's tasks (loaded once)."""
         loaded, tokenizer = ev.load_model(model, kind, path)
+        on_guards = {
+            name: ev.task_scores(loaded, tokenizer, tasks, guard, gate_cfg.max_tokens)[0]
+            for name, tasks, guard in guards
+        }
+        if not samples:
+            return [], on_guards
         if method == "replay":
-            return ev.replay_scores(loaded, tokenizer, samples)
+            return ev.replay_scores(loaded, tokenizer, samples), on_guards
         assert scorer is not None
-        return ev.task_scores(loaded, tokenizer, samples, scorer, gate_cfg.max_tokens)[0]
+        main = ev.task_scores(loaded, tokenizer, samples, scorer, gate_cfg.max_tokens)[0]
+        return main, on_guards
 
-    head_scores = scores(head.kind, head_path)
-    cand_scores = scores(candidate.kind, candidate.path)
+    head_scores, head_guards = scores(head.kind, head_path)
+    cand_scores, cand_guards = scores(candidate.kind, candidate.path)
     return Evaluation(
-        method,
+        method if samples else "none",
         [s.sample_id for s in samples],
         cand_scores,
         head_scores,
         round(time.monotonic() - started, 3),
+        {name: (cand_guards[name], head_guards[name]) for name, _, _ in guards},
     )
 
 
@@ -153,7 +166,7 @@ def candidate(
             return {"status": "nothing_to_train", "reason": e.message}
         mlflow.log_metrics(trained.metrics)
         evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
-        decision = gate(evaluation.candidate, evaluation.head, settings)
+        decision = gate(evaluation.candidate, evaluation.head, settings, evaluation.guards)
         metrics = {
             **trained.metrics,
             "eval_samples": float(len(evaluation.sample_ids)),

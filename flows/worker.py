@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         pending.put(None)  # the API process is gone: finish and exit
 
     threading.Thread(target=read_stdin, name="reef-worker-stdin", daemon=True).start()
-    threading.Thread(target=_preload, name="reef-worker-preload", daemon=True).start()
+    preload = threading.Thread(target=_preload, name="reef-worker-preload", daemon=True)
+    preload.start()
     if not prefect_server():
         # Prefect's temporary server takes ~14 s to start: pay it now, not after a report.
         try:
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "evolve worker ready (recipe %s, batch %d)", settings.reef.recipe, settings.reef.batch_size
     )
     runs = Runs()
+    _start_judging(settings, pending)
     while True:
         try:
             name = pending.get(timeout=settings.reef.schedule_s)
@@ -214,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.start(f"job {job_id}", _job, settings, scenario, job_id, args.config, overrides)
         if not evolving:
             continue
+        # Evolve runs import trl's trainers in their own threads; a thread resolving its lazy
+        # module while the preload does can fail with "cannot import name 'SFTConfig' from
+        # 'trl'". They start once the preload is done (users' jobs need no trainer).
+        preload.join()
         if "*" in names:
             from reef.store.sql import open_store
 
@@ -239,6 +245,26 @@ def main(argv: list[str] | None = None) -> int:
                 overrides,
                 submitted,
             )
+
+
+def _start_judging(settings: Settings, pending: queue.SimpleQueue[str | None]) -> None:
+    """When judging is on (flows/judging.py), a thread that judges new turns and hands each
+    scenario that got judgments to the loop above, which checks its readiness."""
+    from flows.judging import Judging, judging_enabled
+
+    if not judging_enabled(settings):
+        return
+    from reef.store.sql import open_store
+
+    judging = Judging(settings, open_store(settings.database_url))
+    stop = threading.Event()
+    threading.Thread(
+        target=judging.run_forever,
+        args=(stop, pending.put),
+        name="reef-worker-judging",
+        daemon=True,
+    ).start()
+    log.info("judging next turns and text-only reports every %.1f s", settings.judge.poll_s)
 
 
 class Runs:

@@ -8,6 +8,7 @@ strings. Every scorer here accepts both and ignores what it does not use.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,3 +45,64 @@ def word_limit(limit: int) -> Callable[..., list[float]]:
 
 # The design guide's running task: base SmolLM2 obeys "answer in at most five words" 0-12 %.
 at_most_five_words = word_limit(5)
+
+
+def _normal(text: str) -> str:
+    """Lower case, punctuation to spaces, single spaces: "Mercury." and "mercury" match."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def _answers(answer: Any) -> list[str]:
+    """A task's acceptable answers: one string or a list of them."""
+    if answer is None:
+        return []
+    if isinstance(answer, str):
+        return [answer]
+    return [str(a) for a in answer]
+
+
+def exact_answer(
+    completions: Sequence[Any], answer: Sequence[Any] | None = None, **_: Any
+) -> list[float]:
+    """1.0 when the answer is one of the task's `answer` values (case and punctuation aside)."""
+    if answer is None:
+        raise ValueError("the exact scorer needs an `answer` column in the task set")
+    out = []
+    for c, wanted in zip(completions, answer, strict=True):
+        got = _normal(completion_text(c))
+        out.append(1.0 if any(got == _normal(a) for a in _answers(wanted)) else 0.0)
+    return out
+
+
+def contains_answer(
+    completions: Sequence[Any], answer: Sequence[Any] | None = None, **_: Any
+) -> list[float]:
+    """1.0 when the answer contains one of the task's `answer` values as whole words: "The
+    smallest planet is Mercury." is right for "Mercury", "Jupiter." is not."""
+    if answer is None:
+        raise ValueError("the contains scorer needs an `answer` column in the task set")
+    out = []
+    for c, wanted in zip(completions, answer, strict=True):
+        got = f" {_normal(completion_text(c))} "
+        hit = any(_normal(a) and f" {_normal(a)} " in got for a in _answers(wanted))
+        out.append(1.0 if hit else 0.0)
+    return out
+
+
+# The guard scorers a config names by a short word (gate.guards[].scorer).
+NAMED: dict[str, Callable[..., list[float]]] = {
+    "exact": exact_answer,
+    "contains": contains_answer,
+}
+
+
+def scorer_named(name: str) -> Callable[..., list[float]]:
+    """A guard's scorer: a short name from NAMED, or a dotted path pkg.module:function."""
+    if name in NAMED:
+        return NAMED[name]
+    from reef.recipe import import_object
+
+    found: Callable[..., list[float]] = import_object(name, "guard scorer")
+    if not callable(found):
+        raise ValueError(f"guard scorer {name} is not callable")
+    return found

@@ -102,6 +102,13 @@ SCHEMAS: dict[str, pa.Schema] = {
             # logprobs: the sampler's log-prob per completion token (0.0 where mask is 0);
             # null when the engine did not record them.
             pa.field("logprobs", pa.list_(pa.float64()), nullable=True),
+            # report_metadata: the counting report's metadata, JSON text (null when empty);
+            # reported_at: when that report was stored (ISO 8601, UTC).
+            pa.field("report_metadata", pa.string(), nullable=True),
+            pa.field("reported_at", pa.string(), nullable=True),
+            # topk_ids: the engine's generation-time top-K ids per completion token (empty on
+            # inserted tokens); null when a turn was served without the capture.
+            pa.field("topk_ids", pa.list_(pa.list_(pa.int32())), nullable=True),
         ]
     ),
     "trajectory": pa.schema(
@@ -202,6 +209,9 @@ def row(sample: Sample, scenario: str) -> dict[str, Any]:
             "completion_token_ids": list(sample.completion_token_ids),
             "completion_mask": list(sample.completion_mask),
             "logprobs": _ints(sample.logprobs),
+            "report_metadata": sample.report_metadata,
+            "reported_at": sample.reported_at,
+            "topk_ids": None if sample.topk_ids is None else [list(r) for r in sample.topk_ids],
         }
     elif isinstance(sample, TrajectorySample):
         out |= {

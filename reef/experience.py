@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import orjson
 
 from reef import responses
-from reef.anthropic import to_openai
+from reef.anthropic import assistant_message, to_openai
 from reef.errors import BadRequest
 from reef.records import Consumption, Record, Report, content_hash, utcnow
 from reef.samples import (
@@ -157,6 +157,18 @@ def completion_text(record: Record) -> str:
     return content or ""
 
 
+def completion_tool_calls(record: Record) -> list[dict[str, Any]]:
+    """The answer's tool calls in OpenAI chat form (`{"id", "type", "function": {"name",
+    "arguments"}}`), whichever route served it: what an agent asked its tools to do."""
+    resp = record.response
+    if record.route == "responses":
+        return [c for m in responses.output_messages(resp) for c in m.get("tool_calls") or []]
+    if record.route == "messages":
+        return list(assistant_message(resp).get("tool_calls") or [])
+    choices = resp.get("choices") or [{}]
+    return list((choices[0].get("message") or {}).get("tool_calls") or [])
+
+
 def _n_tokens(record: Record) -> int | None:
     if record.prompt_token_ids is not None and record.completion_token_ids is not None:
         return len(record.prompt_token_ids) + len(record.completion_token_ids)
@@ -222,9 +234,35 @@ def _flatten(records: Sequence[Record]) -> tuple[list[int], list[int], list[int]
     return prompt, completion, mask, logprobs
 
 
+def _topk(records: Sequence[Record]) -> tuple[tuple[int, ...], ...] | None:
+    """The flattened trajectory's top-K capture rows, aligned with `_flatten`'s completion:
+    one row per generated token, an empty row per inserted token; None when a turn has no
+    capture or a capture that does not cover its completion."""
+    rows: list[tuple[int, ...]] = []
+    done = len(records[0].prompt_token_ids or [])
+    for r in records:
+        gen = r.completion_token_ids or []
+        ids = (r.topk or {}).get("ids")
+        if not isinstance(ids, list) or len(ids) != len(gen):
+            return None
+        rows += [()] * len(list(r.prompt_token_ids or [])[done:])
+        rows += [tuple(int(v) for v in row) for row in ids]
+        done = len(r.prompt_token_ids or []) + len(gen)
+    return tuple(rows)
+
+
 # the rule --------------------------------------------------------------------------------
 def pick(reports: Sequence[Report], rule: Rule = "latest") -> tuple[Report, float | None]:
-    """The report that counts and the score it gives, among several on the same receipts."""
+    """The report that counts and the score it gives, among several on the same receipts.
+
+    A person's word wins over the judge's: when a report that is not a judgment (reef.judge)
+    gives a score, the judgments are left out; a scoreless human report (text the judge
+    turned into a score) is superseded by its judgment."""
+    human = [r for r in reports if r.metadata.get("source") != "judge"]
+    if any(r.score is not None for r in human):
+        reports = human
+    elif len(human) < len(reports):
+        reports = [r for r in reports if r.metadata.get("source") == "judge"]
     ordered = sorted(reports, key=lambda r: (r.created_at, r.id))
     if rule == "first":
         return ordered[0], ordered[0].score
@@ -370,6 +408,9 @@ def _build(
             completion_mask=tuple(mask),
             logprobs=tuple(logprobs) if has_lp else None,
             n_tokens=len(prompt) + len(completion),
+            report_metadata=dumps(report.metadata) if report.metadata else None,
+            reported_at=report.created_at.isoformat(),
+            topk_ids=_topk(records),
         )
     return TrajectorySample(
         **common,

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from reef.experience import (
     PAGE_SIZE,
     completion_text,
+    completion_tool_calls,
     dumps,
     pages_of_records,
     prompt_messages,
@@ -42,6 +43,9 @@ SCHEMA = pa.schema(
         pa.field("release_id", pa.string(), nullable=False),
         pa.field("messages", pa.string(), nullable=False),  # OpenAI chat form, JSON text
         pa.field("completion", pa.string(), nullable=False),
+        # JSON text: the answer's tool calls in OpenAI chat form ([] when it called none); the
+        # tool results an agent sent back are `tool` messages of the next turn's `messages`
+        pa.field("tool_calls", pa.string(), nullable=False),
         pa.field("prompt_token_ids", pa.list_(pa.int32())),
         pa.field("completion_token_ids", pa.list_(pa.int32())),
         pa.field("logprobs", pa.list_(pa.float64())),
@@ -55,6 +59,8 @@ SCHEMA = pa.schema(
                         pa.field("feedback", pa.string()),  # JSON text (a string or an object)
                         pa.field("references", pa.list_(pa.string())),
                         pa.field("created_at", pa.string()),
+                        # JSON text: a judgment's source, votes, raw answers and judge
+                        pa.field("metadata", pa.string()),
                     ]
                 )
             ),
@@ -83,6 +89,7 @@ def _row(rec: Record, reports: list[Report]) -> dict[str, Any]:
         "release_id": rec.release_id,
         "messages": dumps(prompt_messages(rec)),
         "completion": completion_text(rec),
+        "tool_calls": dumps(completion_tool_calls(rec)),
         "prompt_token_ids": rec.prompt_token_ids,
         "completion_token_ids": rec.completion_token_ids,
         "logprobs": rec.logprobs,
@@ -93,6 +100,7 @@ def _row(rec: Record, reports: list[Report]) -> dict[str, Any]:
                 "feedback": dumps(r.feedback) if r.feedback is not None else None,
                 "references": list(r.references),
                 "created_at": r.created_at.isoformat(),
+                "metadata": dumps(r.metadata),
             }
             for r in sorted(reports, key=lambda r: (r.created_at, r.id))
         ],

@@ -12,13 +12,21 @@ configured task set), so the comparison is paired: per sample d_i = candidate_i 
     sign:      among pairs that differ from `margin` (d_i ≠ margin), the number of wins must be
                significant under a one-sided binomial test (p ≤ 1 − confidence), and the mean
                improvement must be at least `margin`.
+
+Guards (`gate.guards`) keep a candidate from improving one thing by breaking another: each is a
+fixed task set with its own scorer (exact answer, contains the answer, a verifier, a judge),
+answered by both models. A guard is broken when the candidate is significantly worse than the
+head there, by more than the guard's `max_drop`, under the same paired test at the same
+confidence (bootstrap: the one-sided upper bound of mean(d) is below −max_drop; sign: losses
+beyond −max_drop are significant and the mean drop exceeds max_drop). A broken guard rejects
+the candidate whatever the policy says, and the rejection names the guard.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -72,25 +80,120 @@ class Decision:
     ties: int = 0
     margin: float = 0.0
     confidence: float = 0.0
+    guards: tuple[GuardCheck, ...] = ()
+    broken_guard: str | None = None  # the first guard the candidate broke, when one did
 
     @property
     def accepted(self) -> bool:
         return self.status == "accepted"
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # JSON's shape (a list of guards), so a decision reads the same before and after it
+        # is stored.
+        return {**asdict(self), "guards": [asdict(g) for g in self.guards]}
 
     def metrics(self) -> dict[str, float]:
-        """The numeric fields, for MLflow (`gate_` prefixed, None left out)."""
+        """The numeric fields, for MLflow (`gate_` prefixed, None left out); each guard's as
+        `guard_<name>_<field>`."""
         out: dict[str, float] = {}
         for key, value in asdict(self).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"gate_{key}"] = float(value)
+        for guard in self.guards:
+            out |= guard.metrics()
         return out
 
 
-def decide(candidate: Sequence[float], head: Sequence[float], policy: GatePolicy) -> Decision:
-    """Compare paired per-sample scores of the candidate and the head under `policy`."""
+@dataclass(frozen=True)
+class GuardCheck:
+    """One guard's paired comparison: did the candidate get significantly worse on it?"""
+
+    name: str
+    broken: bool
+    reason: str
+    n: int
+    max_drop: float
+    mean_candidate: float | None = None
+    mean_head: float | None = None
+    mean_diff: float | None = None
+    ci_high: float | None = None  # one-sided upper bound of mean(d) at `confidence` (bootstrap)
+    p_value: float | None = None  # one-sided sign test for losses
+    wins: int = 0
+    losses: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, value in asdict(self).items():
+            if key != "name" and isinstance(value, (int, float)):
+                out[f"guard_{self.name}_{key}"] = float(value)
+        return out
+
+
+def check_guard(
+    name: str,
+    candidate: Sequence[float],
+    head: Sequence[float],
+    max_drop: float,
+    policy: GatePolicy,
+) -> GuardCheck:
+    """Whether the candidate broke guard `name`: significantly worse than the head on its task
+    set by more than `max_drop`, under `policy`'s paired test and confidence."""
+    c, h = _paired(candidate, head)
+    d = c - h
+    n = len(d)
+    if n == 0:
+        return GuardCheck(name, False, f"guard '{name}': no tasks scored", 0, max_drop)
+    wins = int((d > -max_drop).sum())
+    losses = int((d < -max_drop).sum())
+    mean_diff = float(d.mean())
+    high = _bootstrap_high(d, policy)
+    p = _sign_p(losses, wins)
+    if policy.test == "bootstrap":
+        # One pair cannot be resampled: a single task that got worse is judged on itself.
+        broken = (high if high is not None else mean_diff) < -max_drop
+        bound = f"{high:+.4g}" if high is not None else "n/a"
+        test = f"{policy.confidence:.0%} upper bound {bound}"
+    else:
+        broken = p <= 1 - policy.confidence and mean_diff < -max_drop
+        test = f"{losses} losses, sign-test p={p:.3g}"
+    verdict = "broken" if broken else "held"
+    reason = (
+        f"guard '{name}' {verdict}: mean {float(c.mean()):.3g} vs head {float(h.mean()):.3g}, "
+        f"change {mean_diff:+.4g}, {test}, allowed drop {max_drop:g} (n={n})"
+    )
+    return GuardCheck(
+        name=name,
+        broken=bool(broken),
+        reason=reason,
+        n=n,
+        max_drop=max_drop,
+        mean_candidate=float(c.mean()),
+        mean_head=float(h.mean()),
+        mean_diff=mean_diff,
+        ci_high=high,
+        p_value=p,
+        wins=wins,
+        losses=losses,
+    )
+
+
+def with_guards(decision: Decision, checks: Sequence[GuardCheck]) -> Decision:
+    """The decision with its guards' results; the first broken guard rejects it, by name."""
+    if not checks:
+        return decision
+    broken = next((g for g in checks if g.broken), None)
+    if broken is None:
+        return replace(decision, guards=tuple(checks))
+    return replace(
+        decision,
+        status="rejected",
+        reason=f"{broken.reason}; the preference: {decision.reason}",
+        guards=tuple(checks),
+        broken_guard=broken.name,
+    )
+
+
+def _paired(candidate: Sequence[float], head: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     if len(candidate) != len(head):
         raise ValueError(
             f"paired scores differ in length: {len(candidate)} candidate, {len(head)} head"
@@ -99,6 +202,12 @@ def decide(candidate: Sequence[float], head: Sequence[float], policy: GatePolicy
     h = np.asarray(head, dtype=np.float64)
     if not (np.isfinite(c).all() and np.isfinite(h).all()):
         raise ValueError("evaluation scores must be finite numbers")
+    return c, h
+
+
+def decide(candidate: Sequence[float], head: Sequence[float], policy: GatePolicy) -> Decision:
+    """Compare paired per-sample scores of the candidate and the head under `policy`."""
+    c, h = _paired(candidate, head)
     d = c - h
     n = len(d)
     wins = int((d > policy.margin).sum())
@@ -157,6 +266,15 @@ def _bootstrap_low(d: np.ndarray, policy: GatePolicy) -> float | None:
     idx = rng.integers(0, len(d), size=(policy.bootstrap_samples, len(d)))
     means = d[idx].mean(axis=1)
     return float(np.quantile(means, 1 - policy.confidence))
+
+
+def _bootstrap_high(d: np.ndarray, policy: GatePolicy) -> float | None:
+    """One-sided upper bound of mean(d) at `confidence` (the percentile bootstrap)."""
+    if len(d) < 2:
+        return None
+    rng = np.random.default_rng(policy.seed)
+    idx = rng.integers(0, len(d), size=(policy.bootstrap_samples, len(d)))
+    return float(np.quantile(d[idx].mean(axis=1), policy.confidence))
 
 
 def _sign_p(wins: int, losses: int) -> float:

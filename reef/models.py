@@ -29,41 +29,64 @@ SMOLLM2_DIR = "smollm2-hf"
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
-# ChatML as SmolLM2 writes it, plus tools in the Hermes/Qwen style (a system block listing the
-# tools, <tool_call> JSON for an assistant's calls, <tool_response> for the tool role), so an
-# agent's whole conversation renders into one prompt the model could learn from.
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- 'You may call one or more functions. Function signatures:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\nTo call one, reply with <tool_call>"
-    '{\\"name\\": <name>, \\"arguments\\": <args>}'
-    "</tool_call>.<|im_end|>\\n' }}"
-    "{%- elif messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\nYou are a helpful AI assistant named Reef.<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' and (loop.first and tools) %}"
-    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
-    "{{- '<|im_start|>assistant' }}"
-    "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
-    "{%- for call in message['tool_calls'] %}"
-    "{%- set fn = call['function'] if call['function'] is defined else call %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
-    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}"
-    "{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
-    "{{- '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{{- '<|im_start|>tool\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+
+def chatml_template(default_system: str) -> str:
+    """ChatML as SmolLM2 writes it, plus tools in the Hermes/Qwen style (a system block listing
+    the tools, <tool_call> JSON for an assistant's calls, <tool_response> for the tool role), so
+    an agent's whole conversation renders into one prompt the model could learn from. Without
+    tools it renders exactly what SmolLM2's own template renders, with `default_system` as the
+    system turn of a conversation that has none."""
+    return (
+        "{%- if tools %}"
+        "{{- '<|im_start|>system\\n' }}"
+        "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+        "{{- 'You may call one or more functions. Function signatures:\\n<tools>' }}"
+        "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+        "{{- '\\n</tools>\\nTo call one, reply with <tool_call>"
+        '{\\"name\\": <name>, \\"arguments\\": <args>}'
+        "</tool_call>.<|im_end|>\\n' }}"
+        "{%- elif messages[0]['role'] != 'system' %}"
+        "{{- '<|im_start|>system\\n' + " + json.dumps(default_system) + " + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if message['role'] == 'system' and (loop.first and tools) %}"
+        "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+        "{{- '<|im_start|>assistant' }}"
+        "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+        "{%- for call in message['tool_calls'] %}"
+        "{%- set fn = call['function'] if call['function'] is defined else call %}"
+        "{{- '\\n<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
+        "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}"
+        "{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
+        "{{- '}\\n</tool_call>' }}"
+        "{%- endfor %}"
+        "{{- '<|im_end|>\\n' }}"
+        "{%- elif message['role'] == 'tool' %}"
+        "{{- '<|im_start|>tool\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+        "{%- else %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+# The tiny model's template.
+CHAT_TEMPLATE = chatml_template("You are a helpful AI assistant named Reef.")
+
+# SmolLM2-135M-Instruct's template as its GGUF carries it: ChatML without any place for tools.
+SMOLLM2_GGUF_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# What Reef serves SmolLM2 with: the same prompts, and tools rendered the way the tiny model's
+# template renders them, so agents that send tools on every call (pi, Codex, Claude Code,
+# opencode) are served instead of refused.
+SMOLLM2_TEMPLATE = chatml_template(
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 )
 
 # The tiny tokenizer learns its merges from this fixed text: chat phrasing, digits, code and JSON,
@@ -109,7 +132,9 @@ def resolve_model(spec: str, cache_dir: Path) -> Path:
                 f"SmolLM2 GGUF not found at {gguf}: run `make smollm2` "
                 f"(with MODEL_CACHE={cache_dir} if that is not the default cache)"
             )
-        return _cached(cache_dir / SMOLLM2_DIR, lambda out: _convert_gguf(gguf, out))
+        out = _cached(cache_dir / SMOLLM2_DIR, lambda out: _convert_gguf(gguf, out))
+        _upgrade_template(out, SMOLLM2_GGUF_TEMPLATE, SMOLLM2_TEMPLATE)
+        return out
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -117,6 +142,20 @@ def resolve_model(spec: str, cache_dir: Path) -> Path:
         f"unknown model '{spec}': expected 'smollm2', 'tiny' or a local Hugging Face model "
         "directory containing config.json"
     )
+
+
+def _upgrade_template(model_dir: Path, old: str, new: str) -> None:
+    """Give a model converted by an earlier Reef its current chat template, in place: only the
+    template file changes (weights, and so every release built on them, stay valid). Atomic, so
+    two processes may do it at once."""
+    path = model_dir / "chat_template.jinja"
+    if not path.is_file() or path.read_text() != old:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(new)
+    tmp.chmod(0o644)
+    os.replace(tmp, path)
+    log.info("%s: chat template upgraded (tools rendered)", model_dir)
 
 
 def _cached(target: Path, build: Callable[[Path], None]) -> Path:
@@ -260,7 +299,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     log.info("loaded %d tensors in %.1f s; saving", len(tensors), time.monotonic() - started)
     model.eval().save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = CHAT_TEMPLATE
+    if tokenizer.chat_template in (None, "", SMOLLM2_GGUF_TEMPLATE):
+        tokenizer.chat_template = SMOLLM2_TEMPLATE
     _save_tokenizer(tokenizer, out, max_length=config.max_position_embeddings)
     log.info("converted %s in %.1f s", gguf.name, time.monotonic() - started)

@@ -35,6 +35,8 @@ RECIPES: dict[str, str] = {
     "sao": "recipes.sao.recipe:SAORecipe",
     "grpo": "recipes.grpo:GRPORecipe",
     "harness": "recipes.harness.recipe:HarnessRecipe",
+    "tttd": "recipes.tttd.recipe:TTTDRecipe",
+    "openclaw": "recipes.openclaw.recipe:OpenClawRecipe",
 }
 
 # A scorer (reward function) as TRL takes them: completions plus the dataset's other columns
@@ -69,6 +71,21 @@ class ReportContract:
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which of a snapshot's eligible rows an evolve run trains on (`Recipe.select`).
+
+    `rows` train; `discard` are consumed without training (they can never train); `waiting`
+    says why nothing trains yet (then nothing is consumed and the run ends "not_ready");
+    `whole`: the rows train as one unit, so none is held out for the gate.
+    """
+
+    rows: tuple[dict[str, Any], ...] = ()
+    discard: tuple[dict[str, Any], ...] = ()
+    waiting: str | None = None
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,6 +131,10 @@ class Recipe:
     target: ClassVar[Literal["weights", "harness"]]
     contract: ClassVar[ReportContract] = ReportContract()
     Params: ClassVar[type[Any]]
+    # Which report counts when several quote the same receipts (reef.experience.pick).
+    report_rule: ClassVar[Literal["latest", "first", "mean"]] = "latest"
+    # The gate policy its candidates get when the configuration sets no `gate.policy`.
+    default_gate: ClassVar[Literal["always", "improve", "manual"] | None] = None
 
     def __init__(self, params: Any = None):
         self.params = params if params is not None else self.Params()
@@ -121,6 +142,12 @@ class Recipe:
     @classmethod
     def from_config(cls, overrides: Mapping[str, Any] | None = None) -> Recipe:
         return cls(params_from(cls.Params, overrides or {}, where=f"recipe {cls.name}"))
+
+    def select(self, rows: list[dict[str, Any]]) -> Selection:
+        """The rows of a materialized snapshot this run trains on. Default: all of them (the
+        loop's `batch_size` is the only barrier); a recipe with its own batching (tttd's step
+        grid) picks its batch here, before anything trains or is consumed."""
+        return Selection(rows=tuple(rows))
 
     def scorer(self) -> Scorer | None:
         """The function that scores a generated answer on this recipe's task (a verifier), or

@@ -44,7 +44,10 @@ RELEASE_OPERATIONS = frozenset({"creation", "training", "rollback", "promote", "
 # A candidate's life: "pending" until the gate decides; "rejected" by the gate, "published"
 # once its release heads the chain, "failed" when building or publishing it broke, and
 # "superseded" when the head moved on before it could be published.
-CANDIDATE_STATUSES = frozenset({"pending", "rejected", "published", "failed", "superseded"})
+# canary: serving a share of traffic in a rollout (reef.rollouts); rolled_back: a canary retired.
+CANDIDATE_STATUSES = frozenset(
+    {"pending", "rejected", "published", "failed", "superseded", "canary", "rolled_back"}
+)
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,10 @@ class Record:
     state_hash: str | None = None
     # Set by the Idempotency-Key header: a retry with the same key gets this record back.
     idempotency_key: str | None = None
+    # The generation-time top-K capture (reef.capture): per completion token the K most likely
+    # token ids and their log-probs, {"k": K, "ids": [[...]], "logprobs": [[...]]}; None when
+    # the engine recorded none. The openclaw recipe's student set S^q (ALGORITHMS.md §2.3).
+    topk: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

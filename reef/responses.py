@@ -12,7 +12,9 @@ the Responses bodies the client saw.
   over, as in OpenAI's API; this request's `instructions` lead).
 - Supported input items: messages (string or `input_text` / `output_text` / `input_image`
   parts), `function_call` and `function_call_output`; `reasoning` items are dropped (the
-  engines have none). Tools: `function` tools; others (web search, file search, …) are a 400.
+  engines have none). Tools: `function` tools, and the functions of `namespace` tools; hosted
+  tools (web search, file search, …) are left out, as no engine here runs them; others are a
+  400.
 - `reasoning`, `store`, `metadata`, `truncation`, `include`, `text` (plain text format) are
   accepted; what the engine cannot do is left out.
 """
@@ -165,21 +167,58 @@ def _as_input(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
+# Tools the API's servers run themselves (search, code, computer, MCP connectors): no engine
+# here runs them, so the model is not shown them, as if they were not on offer. An agent
+# that sends them along with its own functions (Codex: web_search) keeps working.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "code_interpreter",
+        "computer_use_preview",
+        "image_generation",
+        "mcp",
+        "local_shell",
+    }
+)
+
+
+def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{where}: a function tool needs a name", param="tools")
+    # OpenAI's key order (name, description, parameters): chat templates render the tool's
+    # JSON as it comes, so the model reads the same text whichever API the tool came through
+    function: dict[str, Any] = {"name": name}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    parameters = tool.get("parameters")
+    function["parameters"] = (
+        parameters if parameters is not None else {"type": "object", "properties": {}}
+    )
+    return {"type": "function", "function": function}
+
+
 def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Function tools, and the functions of `namespace` tools (Codex groups some that way),
+    in chat form; hosted tools left out; anything else a 400."""
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        if kind == "function":
+            out.append(_function(tool, f"tools[{i}]"))
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            for j, inner in enumerate(tool["tools"]):
+                if isinstance(inner, dict) and inner.get("type") == "function":
+                    out.append(_function(inner, f"tools[{i}].tools[{j}]"))
+        elif kind in HOSTED_TOOLS:
+            continue
+        else:
             raise BadRequest(
                 f"tools[{i}]: tool type '{kind}' is not supported (function tools are)",
                 param="tools",
             )
-        function = {"name": str(tool.get("name") or ""), "parameters": tool.get("parameters")}
-        if tool.get("description"):
-            function["description"] = tool["description"]
-        if function["parameters"] is None:
-            function["parameters"] = {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": function})
     return out
 
 
@@ -208,8 +247,9 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -
     for key in ("temperature", "top_p", "seed"):
         if body.get(key) is not None:
             out[key] = body[key]
-    if body.get("tools"):
-        out["tools"] = _tools(body["tools"])
+    tools = _tools(body.get("tools") or [])
+    if tools:
+        out["tools"] = tools
         if body.get("tool_choice") is not None:
             out["tool_choice"] = _tool_choice(body["tool_choice"])
         if body.get("parallel_tool_calls") is not None:

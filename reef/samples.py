@@ -90,6 +90,14 @@ class RolloutSample:
     completion_mask: tuple[int, ...]
     logprobs: tuple[float, ...] | None
     n_tokens: int
+    # The counting report's metadata as canonical JSON text (null when it has none) and when it
+    # was stored (ISO 8601): a recipe that addresses rollouts by metadata (tttd's step grid)
+    # reads where each one sits and which report came first.
+    report_metadata: str | None = None
+    reported_at: str | None = None
+    # The engine's generation-time top-K ids per completion token (Record.topk; an empty row on
+    # inserted tokens), None when a turn has no capture: the openclaw recipe's student set.
+    topk_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)

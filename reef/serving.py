@@ -8,18 +8,20 @@ answer (or a stream's final event) leaves.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from reef import anthropic
-from reef.engines.base import Completion, Engine
+from reef.engines.base import Completion, Engine, ServesResponses
 from reef.errors import IdempotencyKeyReused, UnknownModel
 from reef.harness import Harness, HarnessCache
 from reef.limits import Limits
 from reef.records import Record, Scenario, new_id, utcnow
+from reef.rollouts import ARM_TAG, ROLLOUT_TAG, Rollouts, served_release
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
@@ -51,6 +53,9 @@ class Call:
     claim: str | None = None
     # A stored answer to this request (an Idempotency-Key retry): give it back, serve nothing.
     replay: Record | None = None
+    # A Responses body the engine's server answers itself (ServesResponses): `engine_body` is
+    # the client's body and goes to `respond` / `respond_stream` instead of the chat methods.
+    native: bool = False
 
     @property
     def release_id(self) -> str:
@@ -84,8 +89,11 @@ class Serving:
         variants: Variants | None = None,
         harnesses: HarnessCache | None = None,
         limits: Limits | None = None,
+        rollouts: Rollouts | None = None,
     ):
         self.engine = engine
+        # Live canaries: which arm (release) serves a call, and each arm's health.
+        self.rollouts = rollouts
         # What one request may ask for (the routes check their bodies against it).
         self.limits = limits if limits is not None else Limits(max_tokens=max_tokens_cap)
         # The harness a scenario's head carries, injected into requests when its config says so.
@@ -137,6 +145,23 @@ class Serving:
             param="model",
         )
 
+    @property
+    def passes_responses_through(self) -> bool:
+        """Whether /v1/responses goes unchanged to an engine that serves it itself."""
+        return isinstance(self.engine, ServesResponses) and self.engine.serves_responses
+
+    def _engine_complete(self, call: Call) -> Awaitable[Completion]:
+        if call.native:
+            assert isinstance(self.engine, ServesResponses)
+            return self.engine.respond(call.engine_body)
+        return self.engine.complete(call.engine_body)
+
+    def _engine_stream(self, call: Call) -> AsyncIterator[dict[str, Any] | Completion]:
+        if call.native:
+            assert isinstance(self.engine, ServesResponses)
+            return self.engine.respond_stream(call.engine_body)
+        return self.engine.stream(call.engine_body)
+
     def check_max_tokens(self, max_tokens: int | None, param: str = "max_tokens") -> None:
         self.limits.check_max_tokens(max_tokens, param)
 
@@ -150,20 +175,38 @@ class Serving:
         *,
         session_id: str | None = None,
         idempotency_key: str | None = None,
+        native: bool = False,
+        user_id: str | None = None,
     ) -> Call:
         """A call ready for `complete` or `open_stream`, placed in its session; or, for a
         retried Idempotency-Key, a call whose `replay` is the stored record to answer with.
+        `native`: a Responses body passed through unchanged (`passes_responses_through`), so
+        no variant and no harness is put into it.
 
         Raises IdempotencyKeyReused (409) when the key names a different request body.
         """
         record_id = new_id("rec")
-        if self.variants is not None:
+        if self.rollouts is not None:
+            arm = await self.rollouts.arm(
+                scenario,
+                session_id=session_id,
+                user_id=user_id,
+                tags=tags,
+                messages=engine_body.get("messages") or [],
+                fallback=record_id,
+            )
+            if arm is not None:
+                # The arm's release serves this call as the head would (variant, harness,
+                # the release id recorded); the record's tags name the arm.
+                scenario = dataclasses.replace(scenario, head_release_id=arm.release_id)
+                tags = {**tags, **arm.tags}
+        if self.variants is not None and not native:
             # The head's variant, fixed for this call: a deploy that moves the head meanwhile
             # does not change the weights (or the release id recorded) of a call in flight.
             variant = await self.variants.model_for(scenario.name, scenario.head_release_id)
             if variant is not None:
                 engine_body = {**engine_body, "model": variant}
-        if self.harnesses is not None:
+        if self.harnesses is not None and not native:
             # Before the session lookup: records hash the conversation the engine saw, so the
             # next turn (injected the same way) continues it.
             engine_body, tags = await self._with_harness(scenario, engine_body, tags)
@@ -184,6 +227,7 @@ class Serving:
                     stored.parent_id,
                     idempotency_key,
                     replay=stored,
+                    native=native,
                 )
         try:
             session = await self._session(
@@ -204,6 +248,7 @@ class Serving:
             session.parent_id,
             idempotency_key,
             session.claim,
+            native=native,
         )
 
     async def _with_harness(
@@ -215,7 +260,7 @@ class Serving:
         assert self.harnesses is not None
         release_id = scenario.head_release_id
         if release_id not in self._injections:  # once per release: releases never change
-            release = await asyncio.to_thread(self.store.get_release, scenario.name, release_id)
+            release = await asyncio.to_thread(served_release, self.store, scenario.name, release_id)
             harness = await asyncio.to_thread(self.harnesses.get, release)
             text = harness.system_text() if harness is not None else ""
             inject = harness is not None and harness.config().get("inject") is True
@@ -372,6 +417,7 @@ class Serving:
             prompt_token_ids=done.prompt_token_ids,
             completion_token_ids=done.completion_token_ids,
             logprobs=done.logprobs,
+            topk=done.topk,
             timings=timings,
             tags=call.tags,
             session_id=call.session_id,
@@ -391,17 +437,30 @@ class Serving:
         t0 = time.perf_counter()
         record: Record | None = None
         try:
-            done = await self.engine.complete(call.engine_body)
+            done = await self._engine_complete(call)
             record = self._record(call, render(done.response), done, t0)
             try:
                 await self.committer.add(record)
             except IdempotencyKeyReused as clash:
                 record = await self._stored_instead(call, clash)
-        except BaseException:
+        except BaseException as e:
             self._end(call, None)
+            self._observe(call, e, t0)
             raise
         self._end(call, record)
+        self._observe(call, None, t0)
         return record, done
+
+    def _observe(self, call: Call, error: BaseException | None, t0: float) -> None:
+        """A rollout arm's call outcome for its guardrail: a server-side failure (an engine
+        error, a 5xx) counts against the arm; a refused request (4xx) is the client's."""
+        arm = call.tags.get(ARM_TAG)
+        if self.rollouts is None or arm not in ("canary", "control"):
+            return
+        if error is not None and getattr(error, "status", 500) < 500:
+            return
+        ms = (time.perf_counter() - t0) * 1000.0
+        self.rollouts.observe(call.tags[ROLLOUT_TAG], arm, error is None, ms)  # type: ignore[arg-type]
 
     async def open_stream(
         self, call: Call, render: Render = _identity
@@ -413,7 +472,7 @@ class Serving:
         """
         t0 = time.perf_counter()
         try:
-            source = aiter(self.engine.stream(call.engine_body))
+            source = aiter(self._engine_stream(call))
             try:
                 first = await anext(source)
             except BaseException:

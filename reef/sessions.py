@@ -81,6 +81,10 @@ def _tool_calls(calls: Any) -> list[Any] | None:
     out: list[Any] = []
     for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
+        if fn is None and isinstance(call, dict) and ("name" in call or "arguments" in call):
+            # already normalized (record_state_hash normalizes an answer twice): idempotent,
+            # so an answer's calls hash as the next request's copy of them does
+            fn = call
         if not isinstance(call, dict) or not isinstance(fn or {}, dict):
             out.append(call)
             continue

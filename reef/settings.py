@@ -129,6 +129,11 @@ class EngineSettings(_Section):
         False,
         description="ask the upstream for token ids and log-probs (vLLM's return_token_ids, logprobs)",
     )
+    upstream_responses: bool = Field(
+        False,
+        description="upstream: POST /v1/responses goes unchanged to the upstream's own "
+        "/v1/responses (it serves the Responses API), still recorded with receipts",
+    )
 
     vllm_url: str | None = Field(
         None, description="vllm: a running vLLM server's root URL (no /v1); unset: launch one"
@@ -264,6 +269,25 @@ class LoopSettings(_Section):
         return v
 
 
+class GuardSettings(_Section):
+    """A fixed task set the candidate must not get significantly worse on (reef.gate)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="named in a rejection")
+    dataset: Path = Field(description="JSONL of {messages, answer?, ...} tasks")
+    scorer: str = Field(
+        "contains",
+        description="exact | contains (the task's `answer` column) | pkg.module:function",
+    )
+    max_drop: float = Field(0.0, ge=0.0, description="mean score drop allowed before it counts")
+
+    @field_validator("scorer")
+    @classmethod
+    def _scorer(cls, v: str) -> str:
+        if v not in ("exact", "contains") and not _DOTTED.fullmatch(v):
+            raise ValueError("scorer must be exact, contains or a dotted path pkg.module:func")
+        return v
+
+
 class GateSettings(_Section):
     """When a candidate may replace the head (reef.gate)."""
 
@@ -285,6 +309,92 @@ class GateSettings(_Section):
     approval_timeout_s: float = Field(
         7 * 24 * 3600.0, gt=0, description="manual: how long a pending candidate waits"
     )
+    guards: tuple[GuardSettings, ...] = Field(
+        (), description="task sets a candidate must not break, whatever the policy"
+    )
+
+    @field_validator("guards")
+    @classmethod
+    def _unique_guards(cls, v: tuple[GuardSettings, ...]) -> tuple[GuardSettings, ...]:
+        names = [g.name for g in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"guard names must be unique, got {names}")
+        return v
+
+
+class JudgeSettings(_Section):
+    """Who turns next turns and text-only reports into scored reports (reef.judge), in the
+    worker. Default judge: the scenario's served head through the engine's admin generate
+    route; `url` + `model` name any OpenAI-compatible /v1 instead; `function` a rule judge."""
+
+    enabled: bool | None = Field(
+        None, description="judge in the worker; null: when the recipe is openclaw"
+    )
+    function: str | None = Field(
+        None, description="pkg.module:fn(task, exchange, sample) -> the judge's raw answer"
+    )
+    url: str | None = Field(None, description="an OpenAI-compatible judge's base URL (/v1)")
+    model: str | None = Field(None, description="the model name sent to `url`")
+    api_key: SecretStr | None = Field(None, description="the key for `url` (REEF_JUDGE__API_KEY)")
+    votes: int = Field(3, ge=1, description="m: answers per question, plurality wins")
+    temperature: float = Field(0.6, ge=0.0)
+    max_tokens: int = Field(512, ge=1)
+    timeout_s: float = Field(120.0, gt=0, description="per judged turn (all its answers)")
+    concurrency: int = Field(8, ge=1, description="turns judged at once")
+    session_ttl_s: float = Field(
+        900.0, gt=0, description="a last turn with no next turn after this long is retired"
+    )
+    poll_s: float = Field(2.0, gt=0, description="how often the worker looks for new turns")
+
+    @field_validator("function")
+    @classmethod
+    def _dotted(cls, v: str | None) -> str | None:
+        if v is not None and not _DOTTED.fullmatch(v):
+            raise ValueError("judge.function must be a dotted path pkg.module:function")
+        return v
+
+
+class RolloutSettings(_Section):
+    """How an accepted release reaches live traffic (reef.rollouts); `scenarios` overrides any
+    key per scenario."""
+
+    mode: Literal["immediate", "canary"] = Field(
+        "immediate",
+        description="immediate: the head moves at once; canary: a sticky share of sessions "
+        "first, promoted or rolled back by a sequential test on their reports",
+    )
+    share: float = Field(0.1, gt=0.0, lt=1.0, description="canary: share of sessions it serves")
+    sticky: str = Field(
+        "session",
+        pattern=r"^(session|user|tag:[A-Za-z0-9_.-]+)$",
+        description="what keeps one arm: session (x-reef-session-id, else the conversation's "
+        "first message), user (x-reef-user-id), or tag:<name>",
+    )
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="the sequential test's")
+    margin: float = Field(0.0, ge=0.0, description="difference in mean score that counts")
+    min_samples: int = Field(30, ge=1, description="reports per arm before a decision")
+    max_duration_s: float = Field(24 * 3600.0, gt=0, description="then inconclusive")
+    on_inconclusive: Literal["promote", "rollback"] = "rollback"
+    max_error_rate_increase: float = Field(
+        0.05, ge=0.0, description="guardrail: canary error rate above the control's"
+    )
+    max_p95_ratio: float = Field(2.0, gt=1.0, description="guardrail: canary p95 / control's")
+    guard_min_requests: int = Field(20, ge=1, description="guardrail: canary calls to judge")
+    check_interval_s: float = Field(5.0, gt=0, description="how often live rollouts are checked")
+    scenarios: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-scenario overrides of the keys above"
+    )
+
+    def for_scenario(self, name: str) -> RolloutSettings:
+        """The rollout keys of scenario `name`: the defaults with its overrides."""
+        override = self.scenarios.get(name)
+        if not override:
+            return self
+        base = self.model_dump(exclude={"scenarios"})
+        try:
+            return RolloutSettings.model_validate({**base, **override})
+        except ValidationError as e:
+            raise ConfigError(f"rollout.scenarios.{name}: {_describe(e)}") from None
 
 
 class TrackingSettings(_Section):
@@ -310,6 +420,8 @@ class Settings(BaseSettings):
     gate: GateSettings = GateSettings()
     artifacts: ArtifactSettings = ArtifactSettings()
     tracking: TrackingSettings = TrackingSettings()
+    rollout: RolloutSettings = RolloutSettings()
+    judge: JudgeSettings = JudgeSettings()
 
     @property
     def artifacts_url(self) -> str:
@@ -392,7 +504,10 @@ def load_settings(config: Path | str | None = None, **overrides: Any) -> Setting
 
     try:
         layered = _Layered(**overrides)
-        settings = Settings.model_validate(layered.model_dump())
+        # Only what was given (flags, env, file): the rest fills in from the defaults, so each
+        # section's `model_fields_set` says what the operator chose (a recipe's default gate
+        # applies only when no `gate.policy` was given).
+        settings = Settings.model_validate(layered.model_dump(exclude_unset=True))
     except ValidationError as e:
         where = f" in {config}" if config else ""
         raise ConfigError(f"invalid settings{where}: {_describe(e)}") from None

@@ -22,6 +22,7 @@ from reef.artifacts import ArtifactStore
 from reef.engines.base import Deployable, Engine
 from reef.errors import BadRequest, EngineError, Forbidden, NotFound
 from reef.records import Release
+from reef.rollouts import served_release
 from reef.store.base import Store
 from reef.wire import SCENARIO_PATTERN
 
@@ -62,7 +63,9 @@ class Variants:
     async def release(self, scenario: str, release_id: str) -> Release:
         hit = self._releases.get(release_id)
         if hit is None:
-            hit = await asyncio.to_thread(self.store.get_release, scenario, release_id)
+            # A live canary serves before it is on the chain (reef.rollouts), with the files
+            # it keeps once published: cached under its id as a release is.
+            hit = await asyncio.to_thread(served_release, self.store, scenario, release_id)
             self._releases[release_id] = hit
         return hit
 

@@ -164,7 +164,9 @@ class CandidateOut(BaseModel):
 
     release_id: str = Field(description="the id it takes on the chain when published")
     parent_release_id: str
-    status: str = Field(description="pending | rejected | published | failed | superseded")
+    status: str = Field(
+        description="pending | rejected | published | failed | superseded | canary | rolled_back"
+    )
     kind: str
     created_at: datetime
     updated_at: datetime
@@ -332,3 +334,27 @@ class ReportList(BaseModel):
     data: list[ReportOut]
     has_more: bool
     last_id: str | None
+
+
+class RolloutAbort(BaseModel):
+    """Why an operator ends a canary early (recorded on the rollback release)."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field("aborted by an operator", min_length=1, max_length=2000)
+
+
+class RolloutOut(BaseModel):
+    """A live canary: its arms, the sequential test's verdict now, and the guardrail's word."""
+
+    scenario: str
+    canary_release_id: str
+    control_release_id: str
+    share: float
+    sticky: str
+    started_at: str
+    verdict: dict[str, Any] = Field(
+        description="outcome (continue | promote | rollback | inconclusive), action, reason, "
+        "per-arm counts and means, the difference's anytime-valid interval"
+    )
+    abort: str | None = Field(None, description="why the guardrail would abort it now")
+    health: dict[str, Any] | None = None

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 
 from demo.curve import Step, plot, table
-from demo.preference import HELD_OUT, MAX_WORDS, TRAIN, messages, score, scorer, words
+from demo.preference import (
+    HELD_OUT,
+    HELD_OUT_KEYS,
+    MAX_WORDS,
+    TRAIN,
+    correct,
+    messages,
+    score,
+    scorer,
+    words,
+)
 
 
 def test_score_counts_words() -> None:
@@ -26,6 +36,14 @@ def test_scorer_is_a_trl_style_reward() -> None:
     assert scorer([[{"role": "assistant", "content": "Blue."}], []]) == [1.0, 0.0]
 
 
+def test_held_out_keys_judge_correctness() -> None:
+    assert len(HELD_OUT_KEYS) == len(HELD_OUT)
+    for (_, reference), keys in zip(HELD_OUT, HELD_OUT_KEYS, strict=True):
+        assert correct(reference, keys), reference
+    assert not correct("Jupiter.", ["Mercury"]) and not correct("Green.", ["yellow"])
+    assert correct("It is 81.", ["eighty-one", "81"])
+
+
 def test_question_pool() -> None:
     assert len(TRAIN) >= 40 and len(HELD_OUT) == 16
     for question, reference in TRAIN + HELD_OUT:
@@ -40,12 +58,14 @@ def test_question_pool() -> None:
 
 def test_curve_table_and_png(tmp_path: Path) -> None:
     steps = [
-        Step(0, "rel_base", 0.125, 2, 16, 12.0, 0.0, 40.0),
-        Step(1, "rel_one", 0.875, 14, 16, 90.0, 70.0, 130.0, train_pass_rate=0.25),
+        Step(0, "rel_base", 0.125, 2, 16, 12.0, 0.0, 40.0, correct=10),
+        Step(1, "rel_one", 0.875, 14, 16, 90.0, 70.0, 130.0, train_pass_rate=0.25, correct=9),
+        Step(2, "rel_one", 0.875, 14, 16, 60.0, 40.0, 190.0, 0.5, 9, rejected="guard 'correct'"),
     ]
     text = table(steps)
-    assert "| 0 | `rel_base` | 12% (2/16) | – |" in text
-    assert "| 1 | `rel_one` | 88% (14/16) | 25% |" in text
+    assert "| 0 | `rel_base` | 12% (2/16) | 62% (10/16) | – |" in text
+    assert "| 1 | `rel_one` | 88% (14/16) | 56% (9/16) | 25% |" in text
+    assert "| 2 | `rel_one` (candidate rejected: head kept) | 88% (14/16) |" in text
     png = plot(steps, tmp_path / "curve.png", target=0.8, title="t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -94,6 +94,20 @@ def test_record_state_hash_is_what_the_next_request_starts_with() -> None:
     assert candidate_hashes(follow_up) == [h]
 
 
+def test_an_answer_with_tool_calls_is_continued_by_its_tool_results() -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    h = record_state_hash([USER], _completion({"role": "assistant", "tool_calls": [call]}))
+    sent_back = {"role": "assistant", "content": None, "tool_calls": [call]}
+    follow_up = [USER, sent_back, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    assert candidate_hashes(follow_up) == [h]
+    other = {**call, "function": {**call["function"], "name": "get_time"}}
+    assert record_state_hash([USER], _completion({"role": "assistant", "tool_calls": [other]})) != h
+
+
 def test_different_answers_hash_differently() -> None:
     a = record_state_hash([USER], _completion(ANSWER))
     b = record_state_hash([USER], _completion({"role": "assistant", "content": "Hi!"}))

@@ -31,6 +31,24 @@ router = APIRouter(tags=["harness"])
 ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PI_VERSION = "0.73.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent:
+    """An agent Reef installs with api/adapters/agents/install.sh: its npm package (pinned),
+    the command it runs as, and its wrapper's body (api/adapters/agents/<adapter>.sh)."""
+
+    name: str
+    package: str
+    version: str
+    bin: str
+
+
+AGENTS = {
+    "codex": Agent("Codex", "@openai/codex", "0.171.0", "codex"),
+    "claude-code": Agent("Claude Code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
+    "opencode": Agent("opencode", "opencode-ai", "1.18.33", "opencode"),
+}
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]+")
 
 
@@ -82,7 +100,8 @@ async def get_harness(
 @router.get(
     "/reef/harness/install",
     response_class=PlainTextResponse,
-    summary="A POSIX sh script installing an agent with the scenario's harness (adapter=pi)",
+    summary="A POSIX sh script installing an agent with the scenario's harness "
+    "(adapter=pi|codex|claude-code|opencode)",
 )
 async def install_script(
     request: Request,
@@ -92,22 +111,37 @@ async def install_script(
     max_tokens: Annotated[int | None, Query(ge=1)] = None,
 ) -> PlainTextResponse:
     svc, _, name = caller(request, scenario)
-    if adapter != "pi":
-        raise NotFound(f"no installer for adapter '{adapter}' (there is: pi)", param="adapter")
+    if adapter != "pi" and adapter not in AGENTS:
+        known = ", ".join(["pi", *AGENTS])
+        raise NotFound(
+            f"no installer for adapter '{adapter}' (there are: {known})", param="adapter"
+        )
     values = {
         "REEF_URL": str(request.base_url).rstrip("/"),
         "SCENARIO": name,
         "MODEL": svc.serving.models()[0],
         "CONTEXT_WINDOW": str(context_window),
         "MAX_TOKENS": str(min(max_tokens or 1024, svc.settings.server.max_tokens_cap)),
-        "PI_PACKAGE": PI_PACKAGE,
-        "PI_VERSION": PI_VERSION,
     }
+    if adapter == "pi":
+        values.update(PI_PACKAGE=PI_PACKAGE, PI_VERSION=PI_VERSION)
+        script = (ADAPTERS / "pi" / "install.sh").read_text()
+        script = script.replace(
+            "@REEF_PI_MJS@", (ADAPTERS / "pi" / "reef-pi.mjs").read_text().rstrip()
+        )
+    else:
+        agent = AGENTS[adapter]
+        values.update(AGENT=adapter, PACKAGE=agent.package, VERSION=agent.version, BIN=agent.bin)
+        folder = ADAPTERS / "agents"
+        script = (folder / "install.sh").read_text()
+        script = script.replace(
+            "@REEF_AGENT_MJS@", (folder / "reef-agent.mjs").read_text().rstrip()
+        )
+        script = script.replace("@WRAPPER@", (folder / f"{adapter}.sh").read_text().rstrip())
+        script = script.replace("@AGENT_NAME@", agent.name)
     for key, value in values.items():  # they land in sh and JSON literals: nothing to escape
         if not _SHELL_SAFE.fullmatch(value):
             raise BadRequest(f"cannot write {key.lower()} '{value}' into an install script")
-    script = (ADAPTERS / "pi" / "install.sh").read_text()
-    script = script.replace("@REEF_PI_MJS@", (ADAPTERS / "pi" / "reef-pi.mjs").read_text().rstrip())
     for key, value in values.items():
         script = script.replace(f"@{key}@", value)
     return PlainTextResponse(script, media_type="text/x-shellscript")

@@ -5,6 +5,10 @@ A response is a record: its id is the record's, its receipt is in `x-reef-agent-
 `previous_response_id` continues the conversation of the records it names, in their session.
 `store: false` is honoured for reading back (404) and continuing (404); Reef still records the
 exchange, as it records every call: that is its receipt.
+
+With `engine.upstream_responses` (an upstream that serves the Responses API itself) the body
+goes to that upstream unchanged and its answer comes back as it sent it, recorded likewise;
+ids, `previous_response_id` and retrieval are then the upstream's.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from api.services import Services, caller
 from reef import responses
 from reef.engines.chunks import disassemble
 from reef.errors import BadRequest, NotFound, ReefError
-from reef.records import Record
+from reef.records import Record, Scenario
 from reef.wire import ResponsesRequest
 
 router = APIRouter(tags=["openai"])
@@ -127,6 +131,8 @@ async def create_response(request: Request) -> Response:
     model = serving.resolve_model(req.model)
     serving.limits.check_responses(body)
     scenario = await serving.scenario(scenario_name)
+    if serving.passes_responses_through:
+        return await _passed_through(request, svc, scenario, {**body, "model": model})
     history, session_id = None, None
     if req.previous_response_id:
         history, previous = await _history(svc, scenario.name, req.previous_response_id)
@@ -168,6 +174,50 @@ async def create_response(request: Request) -> Response:
                 {
                     "type": "error",
                     "sequence_number": translator.seq,
+                    "code": err.get("code"),
+                    "message": err.get("message", ""),
+                    "param": err.get("param"),
+                }
+            )
+
+    return event_stream(events(), call_receipt(call))
+
+
+async def _passed_through(
+    request: Request, svc: Services, scenario: Scenario, body: dict[str, Any]
+) -> Response:
+    """The body to the upstream's own /v1/responses, unchanged; its answer (or its events, in
+    its own sequence) back, recorded with a receipt like any call. The event that ends a
+    stream leaves once the record is durable."""
+    call = await start_call(request, svc, scenario, "responses", body, body, native=True)
+    stream = bool(body.get("stream"))
+    if call.replay is not None:
+        return replay_stream(call.replay) if stream else json_replay(svc, call)
+    if not stream:
+        return await plain_answer(svc, call)
+    items = await svc.serving.open_stream(call, lambda last: last.get("response") or last)
+
+    async def events() -> AsyncIterator[bytes]:
+        seq = 0
+        try:
+            async for item in items:
+                if isinstance(item, dict):
+                    seq = int(item.get("sequence_number") or seq) + 1
+                    yield event(item)
+                else:
+                    record, done = item
+                    yield event(done.response)
+                    svc.metrics.record_written(
+                        scenario.name, call.route, record.response.get("usage")
+                    )
+        except ReefError as e:
+            log.error("stream %s failed: %s", call.record_id, e.message)
+            svc.metrics.errors.labels(e.type, e.code or "").inc()
+            err = stream_error(e)["error"]
+            yield event(
+                {
+                    "type": "error",
+                    "sequence_number": seq,
                     "code": err.get("code"),
                     "message": err.get("message", ""),
                     "param": err.get("param"),

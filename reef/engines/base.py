@@ -20,6 +20,11 @@ from typing import Any, Protocol, runtime_checkable
 # Deployable.verify's smoke generation: the forward passes run and their logits are finite.
 VERIFY_MESSAGES = [{"role": "user", "content": "Say hello."}]
 VERIFY_TOKENS = 2
+# Top-K ids and log-probs recorded per generated token (K = 4, OpenClaw-RL's capture_topk,
+# ALGORITHMS.md §2.4): the student set of the openclaw recipe's distillation term. The top-K
+# of the raw distribution is also the sampling distribution's (temperature and top-p keep the
+# order), so the ids are exactly the sampler's.
+CAPTURE_TOPK = 4
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class Completion:
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # Generation-time top-K per completion token, {"k", "ids", "logprobs"} (Record.topk): the
+    # K most likely ids under the raw distribution. The openclaw recipe's student set.
+    topk: dict[str, Any] | None = None
 
 
 @runtime_checkable
@@ -125,4 +133,22 @@ class Deployable(Protocol):
         Returns at least {"tokens": int, "seconds": float, "text": str}. EngineError when the
         generation fails or the logits are not finite.
         """
+        ...
+
+
+@runtime_checkable
+class ServesResponses(Protocol):
+    """An engine whose server answers the OpenAI Responses API itself (an upstream with
+    `engine.upstream_responses`): /v1/responses bodies go to it unchanged instead of being
+    translated to chat completions. `serves_responses` says whether it is switched on."""
+
+    serves_responses: bool
+
+    async def respond(self, body: dict[str, Any]) -> Completion:
+        """The Responses request as sent; the Completion's `response` is the response object."""
+        ...
+
+    def respond_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
+        """The stream's events as they come, except the one that ends it: that event (with the
+        whole response object under `response`) is the final Completion's `response`."""
         ...

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from reef.engines import tool_calls
 from reef.engines.base import VERIFY_MESSAGES, VERIFY_TOKENS, Completion
 from reef.engines.batch import Batch
 from reef.engines.detokenize import Detokenizer, TokenText
@@ -124,9 +125,15 @@ class EmbeddedEngine:
         )
 
     async def complete(self, body: dict[str, Any]) -> Completion:
-        return await self._complete(body, await self._submit(body))
+        done = await self._complete(body, await self._submit(body))
+        # `<tool_call>` text in the answer becomes tool calls (reef.engines.tool_calls)
+        return tool_calls.completion_with_calls(done) if tool_calls.parses_calls(body) else done
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
+    def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
+        items = self._stream(body)
+        return tool_calls.parsed_stream(body, items) if tool_calls.parses_calls(body) else items
+
+    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
         req = await self._submit(body)
         builder = self._builder(body, req)
         try:

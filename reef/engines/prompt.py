@@ -6,6 +6,7 @@ import contextlib
 import json
 from typing import Any
 
+from reef.engines.tool_calls import ToolsUnsupported, parses_calls, template_takes_tools
 from reef.errors import BadRequest
 
 
@@ -31,6 +32,7 @@ class ChatRenderer:
         self._tokenizer = tokenizer
         template = tokenizer.chat_template or ""
         self._template_has_tool_calls = "tool_calls" in template
+        self.takes_tools = template_takes_tools(template)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         # Truncation or padding set in tokenizer.json would change the ids: transformers turns
         # them off for each call, the backend used directly would apply them.
@@ -68,8 +70,10 @@ class ChatRenderer:
             raise BadRequest("messages must be a non-empty list", param="messages")
         messages = [self._message(m, i) for i, m in enumerate(raw)]
         kwargs: dict[str, Any] = {}
-        if body.get("tools"):
+        if body.get("tools") and self.takes_tools:
             kwargs["tools"] = body["tools"]
+        elif parses_calls(body):  # the model would never see the tools it is asked to call
+            raise ToolsUnsupported(str(body.get("model") or "this model"))
         try:
             return self._tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True, **kwargs

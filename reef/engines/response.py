@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from reef.engines.base import Completion
+from reef.engines.base import CAPTURE_TOPK, Completion
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class TokenEvent:
     logprob: float
     entry: dict[str, Any] | None
     finish_reason: str | None = None
+    capture: tuple[list[int], list[float]] | None = None  # top-K (ids, log-probs)
 
 
 class ResponseBuilder:
@@ -54,6 +55,8 @@ class ResponseBuilder:
         self.token_ids: list[int] = []
         self.token_logprobs: list[float] = []
         self.entries: list[dict[str, Any]] = []
+        self.topk_ids: list[list[int]] | None = []  # None once a token came without capture
+        self.topk_logprobs: list[list[float]] = []
         self.finish_reason: str | None = None
         self._unsent = 0  # tokens at the end of token_ids not yet put on a chunk
 
@@ -63,6 +66,11 @@ class ResponseBuilder:
         self.token_logprobs.append(event.logprob)
         if event.entry is not None:
             self.entries.append(event.entry)
+        if event.capture is None:
+            self.topk_ids = None
+        elif self.topk_ids is not None:
+            self.topk_ids.append(list(event.capture[0]))
+            self.topk_logprobs.append([max(v, -9999.0) for v in event.capture[1]])
         self.finish_reason = event.finish_reason or self.finish_reason
         self._unsent += 1
 
@@ -152,4 +160,7 @@ class ResponseBuilder:
             completion_token_ids=list(self.token_ids),
             logprobs=list(self.token_logprobs),
             timings=timings,
+            topk=None
+            if self.topk_ids is None
+            else {"k": CAPTURE_TOPK, "ids": self.topk_ids, "logprobs": self.topk_logprobs},
         )

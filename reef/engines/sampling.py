@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from reef.engines.base import CAPTURE_TOPK
 from reef.errors import BadRequest
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
@@ -112,6 +113,8 @@ class Sampled:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+    # The top CAPTURE_TOPK (ids, log-probs), recorded for every token (Record.topk).
+    capture: tuple[list[int], list[float]] | None = None
 
 
 def sample_rows(
@@ -137,18 +140,18 @@ def sample_rows(
 
     index = torch.tensor(chosen).unsqueeze(1)
     picked = raw_logprobs.gather(1, index).squeeze(1).tolist()
-    k = max((p.top_logprobs for p in params), default=0)
-    top_values = top_ids = None
-    if k:
-        top = raw_logprobs.topk(k, dim=-1)
-        top_values, top_ids = top.values.tolist(), top.indices.tolist()
+    # Always at least CAPTURE_TOPK: the record keeps the top-K capture of every token.
+    k = max(max((p.top_logprobs for p in params), default=0), CAPTURE_TOPK)
+    top = raw_logprobs.topk(min(k, raw_logprobs.shape[-1]), dim=-1)
+    top_values, top_ids = top.values.tolist(), top.indices.tolist()
     out = []
     for i, p in enumerate(params):
         alternatives: list[tuple[int, float]] = []
         if p.top_logprobs and top_ids is not None and top_values is not None:
             k_i = p.top_logprobs
             alternatives = list(zip(top_ids[i][:k_i], top_values[i][:k_i], strict=True))
-        out.append(Sampled(chosen[i], picked[i], alternatives))
+        capture = (top_ids[i][:CAPTURE_TOPK], top_values[i][:CAPTURE_TOPK])
+        out.append(Sampled(chosen[i], picked[i], alternatives, capture))
     return out
 
 

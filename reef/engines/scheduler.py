@@ -441,7 +441,7 @@ class Scheduler:
             else:
                 self._leave(r)
                 self.stats.finished += 1
-            r.post(TokenEvent(text, pick.token_id, pick.logprob, entry, finish))
+            r.post(TokenEvent(text, pick.token_id, pick.logprob, entry, finish, pick.capture))
         return keep
 
     def _logprob_entry(self, pick: Sampled) -> dict[str, Any]:

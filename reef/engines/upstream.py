@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from reef.engines.base import Completion
+from reef.engines.base import CAPTURE_TOPK, Completion
 from reef.engines.chunks import assemble
 from reef.engines.http_client import ConnectionPool
 from reef.errors import UpstreamError, UpstreamRejected
@@ -39,6 +39,8 @@ READY_TIMEOUT_S = 2.0
 _POST = b"POST"
 _GET = b"GET"
 _ERROR_BODY_CHARS = 500
+# The events that end a Responses stream; each carries the whole response object.
+_RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 class UpstreamEngine:
@@ -57,11 +59,19 @@ class UpstreamEngine:
         max_connections: int = 512,
         ssl_context: ssl.SSLContext | None = None,
         default_max_tokens: int | None = None,
+        serves_responses: bool = False,
+        capture_topk: bool = False,
     ):
         self.base_url = base_url.rstrip("/")
+        # The upstream serves the Responses API itself: /v1/responses bodies go to it unchanged
+        # (`respond`, `respond_stream`) instead of being translated to chat completions.
+        self.serves_responses = serves_responses
         self.model = model
         self.timeout_s = timeout_s
         self.capture_tokens = capture_tokens
+        # Also ask for the top-K capture (Completion.topk): a vLLM extension
+        # (return_tokens_as_token_ids) other upstreams refuse, so only the vLLM engine sets it.
+        self.capture_topk = capture_tokens and capture_topk
         self.default_max_tokens = default_max_tokens
         self._api_key = api_key
         self._max_connections = max_connections
@@ -69,6 +79,7 @@ class UpstreamEngine:
         self._pool: ConnectionPool | None = None
         self._models: list[str] = [model] if model else []
         self._chat_target = b""
+        self._responses_target = b""
         self._models_target = b""
         self._ready_at = -1.0
         self._ready = False
@@ -90,6 +101,7 @@ class UpstreamEngine:
             timeout_s=settings.upstream_timeout_s,
             capture_tokens=settings.upstream_capture_tokens,
             default_max_tokens=default_max_tokens or settings.default_max_tokens,
+            serves_responses=settings.upstream_responses,
         )
 
     # Engine protocol
@@ -108,6 +120,7 @@ class UpstreamEngine:
             headers=headers,
         )
         self._chat_target = self._pool.path("/chat/completions")
+        self._responses_target = self._pool.path("/responses")
         self._models_target = self._pool.path("/models")
         if self.model is None:
             self._models = await self._list_models(self.timeout_s)
@@ -151,7 +164,10 @@ class UpstreamEngine:
         prompt_ids = response.get("prompt_token_ids")
         completion_ids = first.get("token_ids")
         logprobs = _logprob_values(first.get("logprobs"))
+        topk = None
         if self.capture_tokens:
+            if self.capture_topk and not body.get("logprobs"):
+                topk = _topk_capture(first.get("logprobs"))
             self._hide_unasked(body, response, choices)
         return Completion(
             response=response,
@@ -159,6 +175,7 @@ class UpstreamEngine:
             completion_token_ids=completion_ids,
             logprobs=logprobs,
             timings={"total_ms": (time.perf_counter() - t0) * 1e3},
+            topk=topk,
         )
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
@@ -192,6 +209,9 @@ class UpstreamEngine:
         prompt_ids: list[int] | None = None
         completion_ids: list[int] | None = None
         logprobs: list[float] | None = None
+        capture_entries: list[Any] | None = (
+            [] if self.capture_topk and not body.get("logprobs") else None
+        )
         ttft_ms: float | None = None
         events = decode_sse(response.iter_bytes(self.timeout_s))
         try:
@@ -207,6 +227,8 @@ class UpstreamEngine:
                         if completion_ids is None:
                             completion_ids = []
                         completion_ids.extend(first["token_ids"])
+                    if capture_entries is not None:
+                        capture_entries += (first.get("logprobs") or {}).get("content") or []
                     values = _logprob_values(first.get("logprobs"))
                     if values:
                         if logprobs is None:
@@ -251,7 +273,105 @@ class UpstreamEngine:
             completion_token_ids=completion_ids,
             logprobs=logprobs,
             timings=timings,
+            topk=_topk_capture({"content": capture_entries}) if capture_entries else None,
         )
+
+    # the Responses API, passed through (serves_responses)
+
+    async def respond(self, body: dict[str, Any]) -> Completion:
+        """A Responses request sent to the upstream's /responses as it is (the model
+        replaced when one is configured); its response object, as it answered."""
+        pool = self._started()
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                status, data = await pool.fetch(
+                    _POST, self._responses_target, self._responses_payload(body, stream=False)
+                )
+        except TimeoutError:
+            raise self._timed_out() from None
+        except OSError as e:
+            raise self._unreachable(e) from None
+        if status >= 300:
+            raise _status_error(status, data)
+        try:
+            response = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(
+                f"upstream sent invalid JSON: {_excerpt(data)}", code="upstream_invalid_response"
+            ) from None
+        if not isinstance(response, dict):
+            raise UpstreamError("upstream answered with JSON that is not an object")
+        return Completion(response=response, timings={"total_ms": (time.perf_counter() - t0) * 1e3})
+
+    async def respond_stream(
+        self, body: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any] | Completion]:
+        """A streamed Responses request relayed event by event, except the one that ends it
+        (`response.completed`, `.incomplete` or `.failed`): that one is the final
+        Completion's `response`, so the caller sends it once the record is durable."""
+        pool = self._started()
+        payload = self._responses_payload(body, stream=True)
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                response = await pool.request(_POST, self._responses_target, payload)
+                if response.status >= 300:
+                    raise _status_error(response.status, await response.read())
+        except TimeoutError:
+            raise self._timed_out() from None
+        except OSError as e:
+            raise self._unreachable(e) from None
+        if not response.headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+            response.close()
+            raise UpstreamError(
+                "upstream answered a streamed /responses request without an event stream",
+                code="upstream_invalid_response",
+            )
+        last: dict[str, Any] | None = None
+        sent = 0
+        ttft_ms: float | None = None
+        events = decode_sse(response.iter_bytes(self.timeout_s))
+        try:
+            async for event in events:
+                if event.get("type") in _RESPONSE_ENDS:
+                    last = event
+                    continue
+                if event.get("type") == "error" and sent == 0:
+                    message, code = _message_of(event)
+                    raise UpstreamError(f"upstream stream failed: {message}", code=code)
+                if ttft_ms is None:
+                    ttft_ms = (time.perf_counter() - t0) * 1e3
+                sent += 1
+                yield event
+        except TimeoutError:
+            raise UpstreamError(
+                f"upstream stream stalled: no data for {self.timeout_s:g}s after {sent} events",
+                code="upstream_timeout",
+            ) from None
+        except OSError as e:
+            raise UpstreamError(
+                f"upstream stream broke after {sent} events: {e}", code="upstream_stream_broken"
+            ) from None
+        finally:
+            await events.aclose()
+            response.close()
+        if last is None:
+            raise UpstreamError(
+                f"upstream stream ended after {sent} events without its final response event",
+                code="upstream_stream_broken",
+            )
+        timings = {"total_ms": (time.perf_counter() - t0) * 1e3}
+        if ttft_ms is not None:
+            timings["ttft_ms"] = ttft_ms
+        yield Completion(response=last, timings=timings)
+
+    def _responses_payload(self, body: dict[str, Any], *, stream: bool) -> bytes:
+        out = dict(body)
+        if self.model is not None:
+            out["model"] = self.model
+        out["stream"] = stream
+        return orjson.dumps(out)
 
     async def aclose(self) -> None:
         if self._ready_check is not None:
@@ -289,6 +409,12 @@ class UpstreamEngine:
         if self.capture_tokens:
             out["return_token_ids"] = True
             out["logprobs"] = True
+            if self.capture_topk and not body.get("logprobs"):
+                # The top-K capture (Completion.topk), as ids: vLLM renders every token of the
+                # logprobs as "token_id:<id>" then. Only when the client did not ask for
+                # log-probs, whose tokens must stay text (its records then have no capture).
+                out["top_logprobs"] = CAPTURE_TOPK
+                out["return_tokens_as_token_ids"] = True
             if stream:
                 out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
         return orjson.dumps(out)
@@ -403,6 +529,26 @@ def _event_data(event: bytes) -> bytes | None:
         line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
     ]
     return b"\n".join(lines) if lines else None  # comments, `event:` and `id:` lines only
+
+
+def _topk_capture(logprobs: Any) -> dict[str, Any] | None:
+    """The top-K capture (Completion.topk) from vLLM logprobs whose tokens are rendered as
+    "token_id:<id>" (return_tokens_as_token_ids); None when they are not all there."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not content:
+        return None
+    ids: list[list[int]] = []
+    values: list[list[float]] = []
+    try:
+        for entry in content:
+            top = entry["top_logprobs"]
+            ids.append([int(str(t["token"]).removeprefix("token_id:")) for t in top])
+            values.append([max(float(t["logprob"]), -9999.0) for t in top])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if any(len(row) < CAPTURE_TOPK for row in ids):
+        return None
+    return {"k": CAPTURE_TOPK, "ids": ids, "logprobs": values}
 
 
 def _logprob_values(logprobs: Any) -> list[float] | None:

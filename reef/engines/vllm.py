@@ -249,6 +249,7 @@ class VllmEngine(UpstreamEngine):
             model=served_name,
             timeout_s=timeout_s,
             capture_tokens=True,
+            capture_topk=True,
             api_key=api_key,
             default_max_tokens=default_max_tokens,
         )

@@ -14,12 +14,15 @@ from alembic.config import Config
 from sqlalchemy import (
     Connection,
     Engine,
+    Float,
     Row,
+    String,
     case,
     delete,
     exists,
     func,
     insert,
+    literal,
     literal_column,
     select,
     text,
@@ -262,6 +265,7 @@ class SQLStore(Store):
                     tables.consumptions,
                     tables.records,
                     tables.reports,
+                    tables.report_references,
                     tables.candidates,
                     tables.jobs,
                     tables.releases,
@@ -548,6 +552,7 @@ class SQLStore(Store):
         try:
             with self._tx(f"adding report '{report.id}'", write=True) as conn:
                 conn.execute(insert(tables.reports).values(report_row(report)))
+                self._insert_references(conn, report)
             return report, True
         except IntegrityError as e:
             clash = e
@@ -564,6 +569,25 @@ class SQLStore(Store):
         if row.content_hash == report.content_hash:
             return report_of(row), False
         raise Conflict(f"report_id {report.id} already exists with different content")
+
+    def _insert_references(self, conn: Connection, report: Report) -> None:
+        """The report's receipts as report_references rows, with the release that served each
+        record: one INSERT ... SELECT over the records' primary key."""
+        r, x = tables.records, tables.report_references
+        refs = list(dict.fromkeys(report.references))
+        for i in range(0, len(refs), _IN_CHUNK):
+            quoted = select(
+                r.c.scenario,
+                r.c.id,
+                literal(report.id, String).label("report_id"),
+                r.c.release_id,
+                literal(report.score, Float).label("score"),
+            ).where(r.c.scenario == report.scenario, r.c.id.in_(refs[i : i + _IN_CHUNK]))
+            conn.execute(
+                insert(x).from_select(
+                    ["scenario", "record_id", "report_id", "release_id", "score"], quoted
+                )
+            )
 
     def get_report(self, scenario: str, report_id: str) -> Report:
         return report_of(self._one(tables.reports, scenario, report_id, "report"))

@@ -261,6 +261,7 @@ class RecordRow(SQLModel, table=True):
     idempotency_key: str | None = Field(
         default=None, sa_column=Column("idempotency_key", String(255))
     )
+    topk: dict[str, Any] | None = Field(default=None, sa_column=Column("topk", Document))
 
 
 class ConsumptionRow(SQLModel, table=True):
@@ -302,6 +303,26 @@ class ReportRow(SQLModel, table=True):
     content_hash: str = Field(sa_column=Column("content_hash", String(64), nullable=False))
 
 
+class ReportReferenceRow(SQLModel, table=True):
+    """One receipt a report quotes, with the report's score and the release that served the
+    record: the index behind "which reports quote this record", the has-feedback and score
+    filters, and the mean score per release, none of which may scan the reports' JSON lists.
+    Written in the report's own transaction."""
+
+    __tablename__ = "report_references"
+    __table_args__ = (
+        PrimaryKeyConstraint("scenario", "record_id", "report_id", name="pk_report_references"),
+        # the learning curve: a covering scan of one scenario's scores grouped by release
+        Index("ix_report_references_release", "scenario", "release_id", "score"),
+    )
+
+    scenario: str = _scenario_fk("fk_report_references_scenario")
+    record_id: str = Field(sa_column=Column("record_id", Key, nullable=False))
+    report_id: str = Field(sa_column=Column("report_id", Key, nullable=False))
+    release_id: str = Field(sa_column=Column("release_id", Key, nullable=False))
+    score: float | None = Field(default=None, sa_column=Column("score", Float))
+
+
 class ScenarioDeletionRow(SQLModel, table=True):
     """A tombstone: a deleted scenario whose artifact-store keys and MLflow entries are still
     to be removed (reef.deletion). Written in the transaction that deletes the scenario's rows;
@@ -319,6 +340,7 @@ scenarios: Table = SQLModel.metadata.tables["scenarios"]
 releases: Table = SQLModel.metadata.tables["releases"]
 records: Table = SQLModel.metadata.tables["records"]
 reports: Table = SQLModel.metadata.tables["reports"]
+report_references: Table = SQLModel.metadata.tables["report_references"]
 consumptions: Table = SQLModel.metadata.tables["consumptions"]
 candidates: Table = SQLModel.metadata.tables["candidates"]
 jobs: Table = SQLModel.metadata.tables["jobs"]

@@ -170,9 +170,12 @@ def test_errors_in_the_api_shape(server: InProcessReef, scenario: str) -> None:
     api = client(server, scenario)
     with pytest.raises(openai.BadRequestError) as e:
         api.responses.create(
-            model="tiny", input="search", tools=[{"type": "web_search"}], max_output_tokens=2
+            model="tiny",
+            input="search",
+            tools=[{"type": "computer_use_preview"}, {"type": "mystery"}],  # type: ignore[list-item]
+            max_output_tokens=2,
         )
-    assert e.value.body["param"] == "tools" and "web_search" in e.value.body["message"]  # type: ignore[index]
+    assert e.value.body["param"] == "tools" and "mystery" in e.value.body["message"]  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         api.responses.retrieve("resp_nope")
     r = httpx.post(
@@ -207,3 +210,23 @@ def test_an_idempotent_retry_replays_the_stream(server: InProcessReef, scenario:
     first, second = stream(), stream()
     assert first == second  # the same events, the same final response, the same receipt
     assert len(records_of(server, scenario)) == 1
+
+
+def test_tools_in_chat_form() -> None:
+    """Function tools in OpenAI's key order, namespaces flattened, hosted tools left out."""
+    fn = {"type": "function", "name": "f", "parameters": {"type": "object"}, "description": "d"}
+    ns = {"type": "namespace", "name": "agents", "tools": [{**fn, "name": "spawn"}]}
+    chat = responses.to_chat(
+        {
+            "model": "m",
+            "input": "x",
+            "tools": [fn, ns, {"type": "web_search"}],
+            "tool_choice": "auto",
+        }
+    )
+    assert [list(t["function"]) for t in chat["tools"]] == [
+        ["name", "description", "parameters"]
+    ] * 2
+    assert [t["function"]["name"] for t in chat["tools"]] == ["f", "spawn"]
+    only_hosted = responses.to_chat({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
+    assert "tools" not in only_hosted and "tool_choice" not in only_hosted

@@ -28,6 +28,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "candidates",
         "jobs",
         "scenario_deletions",
+        "report_references",
     }
     for table in (
         tables.scenarios,

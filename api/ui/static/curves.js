@@ -1,0 +1,32 @@
+// The learning curve: mean reported score per release with its 95% band, and the gate's
+// held-out mean, drawn with uPlot (vendored: see api/ui/package.json and `make ui`).
+"use strict";
+
+(function () {
+  const el = document.getElementById("curve");
+  const data = JSON.parse(document.getElementById("curve-data").textContent);
+  if (!el || !window.uPlot) return;
+  const width = () => Math.max(280, el.clientWidth - 16);
+  // The gate's held-out means are on the recipe's own scale (a log-likelihood, a reward):
+  // their own axis on the right, so they never squash the reported scores.
+  const opts = {
+    width: width(),
+    height: 320,
+    scales: { x: { time: false }, gate: { auto: true } },
+    axes: [
+      { label: "release", values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? "#" + t : "")) },
+      { label: "mean reported score" },
+      { label: "gate held-out", scale: "gate", side: 1, grid: { show: false } },
+    ],
+    series: [
+      { label: "release" },
+      { label: "95% low", stroke: "#9cc8f0", dash: [4, 4], width: 1, spanGaps: true },
+      { label: "mean reported score", stroke: "#0b5cad", width: 2, points: { size: 8 }, spanGaps: true },
+      { label: "95% high", stroke: "#9cc8f0", dash: [4, 4], width: 1, spanGaps: true },
+      { label: "gate held-out (candidate)", scale: "gate", stroke: "#116329", width: 2, dash: [8, 4], points: { size: 8 }, spanGaps: true },
+    ],
+    bands: [{ series: [3, 1], fill: "rgba(11,92,173,0.12)" }],
+  };
+  const plot = new uPlot(opts, [data.seq, data.low, data.mean, data.high, data.gate], el);
+  window.addEventListener("resize", () => plot.setSize({ width: width(), height: 320 }));
+})();

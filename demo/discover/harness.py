@@ -1,0 +1,297 @@
+"""The discovery loop, environment side: a client of Reef that talks only HTTP.
+
+Each step: pick G parents from the PUCT archive, ask Reef for R rollouts per parent
+(/v1/chat/completions with `x-reef-scenario`, all G·R at once so the engine batches them), run
+and verify every program, report each verified score against its receipt with the step-grid
+metadata (/reef/report), update and save the archive, and — when learning — wait until Reef's
+evolve worker has trained that grid and deployed the new release, which serves the next step.
+
+Modes, at the same rollout budget: "ttt" (reports, Reef trains a LoRA step per grid),
+"search" (the same PUCT, no reports: the frozen base model), "random" (every rollout starts
+from the seeded baseline, no archive feedback: best-of-N sampling from the frozen model).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import openai
+
+from demo.discover.archive import Archive, State
+from demo.discover.packing import Judged, baseline, judge, prompt
+from demo.discover.sandbox import Limits
+from recipes.tttd.grid import grid_metadata
+
+Mode = Literal["ttt", "search", "random"]
+
+
+@dataclass(frozen=True)
+class Config:
+    n: int = 5  # circles
+    groups: int = 2  # G
+    rollouts: int = 4  # R (never 2)
+    steps: int = 4
+    max_tokens: int = 320
+    temperature: float = 1.0  # §3.3: T 1, top-p 1
+    mode: Mode = "ttt"
+    limits: Limits = field(default_factory=lambda: Limits(wall_s=20.0))
+    judges: int = 2  # programs run at once
+    release_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    mode: str
+    release_id: str  # the release that served the step's rollouts
+    best: float  # best archive value after the step
+    mean_reward: float
+    valid_fraction: float
+    rollouts: int
+    seconds: float
+    kl_to_base: float | None = None  # of the release this step's grid trained (ttt)
+    next_release_id: str | None = None
+
+
+class Reef:
+    """Reef as an application sees it: the OpenAI SDK for inference, plain HTTP for reports
+    and the release chain."""
+
+    def __init__(self, url: str, scenario: str, model: str):
+        self.url = url.rstrip("/")
+        self.scenario = scenario
+        self.model = model
+        headers = {"x-reef-scenario": scenario}
+        self.client = openai.OpenAI(
+            base_url=f"{self.url}/v1",
+            api_key="unused",
+            default_headers=headers,
+            max_retries=0,
+            timeout=900,
+        )
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
+
+    def close(self) -> None:
+        self.client.close()
+        self.http.close()
+
+    def chat(self, messages: list[dict[str, str]], cfg: Config) -> tuple[str, str, str]:
+        """(text, receipt, release id) of one rollout."""
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=cfg.max_tokens,
+            temperature=cfg.temperature,
+            top_p=1.0,
+        )
+        text = raw.parse().choices[0].message.content or ""
+        return text, raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]
+
+    def report(self, receipt: str, score: float, reason: str, meta: dict, report_id: str) -> int:
+        """POST /reef/report; 201 stored, 200 an identical retry, 409 the slot's id was used
+        with other content (the first report at a slot wins)."""
+        body = {
+            "report_id": report_id,
+            "references": [receipt],
+            "score": score,
+            "feedback": reason,
+            "metadata": meta,
+        }
+        r = self.http.post("/reef/report", json=body)
+        if r.status_code not in (200, 201, 409):
+            raise RuntimeError(f"POST /reef/report: {r.status_code} {r.text}")
+        return r.status_code
+
+    def releases(self) -> list[dict[str, Any]]:
+        r = self.http.get(f"/reef/scenarios/{self.scenario}/releases")
+        if r.status_code == 404:
+            return []
+        r.raise_for_status()
+        return list(r.json()["data"])
+
+    def head(self) -> dict[str, Any] | None:
+        return next((r for r in self.releases() if r["current"]), None)
+
+    def wait_for_release(
+        self, previous: str, timeout_s: float, check: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
+        """Poll the chain until the head is no longer `previous`; `check` may raise (the demo
+        uses it to surface an evolve failure from the server's log)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if check is not None:
+                check()
+            head = self.head()
+            if head is not None and head["release_id"] != previous:
+                return head
+            time.sleep(0.5)
+        raise TimeoutError(f"no new release of {self.scenario} within {timeout_s:.0f}s")
+
+
+def new_archive(cfg: Config) -> Archive:
+    """G seeds, each the verified baseline program, so the G groups start independent lines
+    (§3.6: the seeds are the baseline, children mostly edit its numbers)."""
+    archive = Archive()
+    program = baseline(cfg.n)
+    verdict = judge(f"```python\n{program}```", cfg.n, cfg.limits).verdict
+    if not verdict.valid:
+        raise RuntimeError(f"the baseline program is invalid: {verdict.reason}")
+    for _ in range(cfg.groups):
+        archive.seed(program, verdict.reward, verdict.reason)
+    return archive
+
+
+def _parents(archive: Archive, cfg: Config) -> list[State]:
+    if cfg.mode == "random":
+        seeds = sorted((s for s in archive.states.values() if s.seed), key=lambda s: s.id)
+        return seeds[: cfg.groups]
+    return archive.select(cfg.groups)
+
+
+def save(archive: Archive, state_dir: Path, results: list[StepResult]) -> None:
+    """The step's artifacts: the archive (resume point), the best program and its score, and
+    the per-step log; each written atomically."""
+    archive.save(state_dir / "archive.json")
+    best = archive.best()
+    _write(state_dir / "best.json", json.dumps({"reward": best.value, "state": asdict(best)}))
+    _write(state_dir / "best.py", best.program or "")
+    _write(state_dir / "steps.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in results))
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def load_results(state_dir: Path) -> list[StepResult]:
+    path = state_dir / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [StepResult(**json.loads(line)) for line in path.read_text().splitlines() if line]
+
+
+def run_step(
+    reef: Reef, archive: Archive, cfg: Config, step: int, run_id: str
+) -> tuple[StepResult, str]:
+    """One step of G groups × R rollouts; returns its result and the serving release."""
+    started = time.monotonic()
+    parents = _parents(archive, cfg)
+    jobs = [(g, r, parents[g]) for g in range(cfg.groups) for r in range(cfg.rollouts)]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
+        answers = list(
+            ex.map(
+                lambda j: reef.chat(prompt(cfg.n, j[2].program, j[2].value, j[2].output), cfg),
+                jobs,
+            )
+        )
+    with ThreadPoolExecutor(max_workers=cfg.judges) as ex:
+        judged: list[Judged] = list(ex.map(lambda a: judge(a[0], cfg.n, cfg.limits), answers))
+    releases = {a[2] for a in answers}
+    if cfg.mode == "ttt":
+        for (g, r, _), (_, receipt, _), j in zip(jobs, answers, judged, strict=True):
+            meta = grid_metadata(step, g, r, cfg.groups, cfg.rollouts)
+            report_id = f"tttd-{run_id}-{step}-{g}-{r}"
+            reef.report(receipt, j.verdict.reward, j.verdict.reason, meta, report_id)
+    if cfg.mode != "random":
+        for g, parent in enumerate(parents):
+            group = [(jobs[i], judged[i]) for i in range(len(jobs)) if jobs[i][0] == g]
+            children = [
+                State(
+                    0,
+                    j.program,
+                    j.verdict.reward,
+                    j.verdict.reward,
+                    parent.id,
+                    False,
+                    j.verdict.reason,
+                )
+                for _, j in group
+                if j.verdict.valid
+            ]
+            archive.update(parent.id, children, cfg.rollouts, step)
+    else:
+        best = max(
+            (j for j in judged if j.verdict.valid), key=lambda j: j.verdict.reward, default=None
+        )
+        if best is not None and best.verdict.reward > archive.best().value:
+            archive.add(
+                State(
+                    0,
+                    best.program,
+                    best.verdict.reward,
+                    best.verdict.reward,
+                    None,
+                    False,
+                    best.verdict.reason,
+                    step=step,
+                )
+            )
+    rewards = [j.verdict.reward for j in judged]
+    result = StepResult(
+        step=step,
+        mode=cfg.mode,
+        release_id=",".join(sorted(releases)),
+        best=archive.best().value,
+        mean_reward=statistics.fmean(rewards),
+        valid_fraction=sum(j.verdict.valid for j in judged) / len(judged),
+        rollouts=len(judged),
+        seconds=time.monotonic() - started,
+    )
+    return result, next(iter(releases))
+
+
+def discover(
+    reef: Reef,
+    cfg: Config,
+    state_dir: Path,
+    say: Callable[[str], None] = print,
+    check: Callable[[], None] | None = None,
+) -> list[StepResult]:
+    """Run (or resume) the discovery in `state_dir` until `cfg.steps` steps are done."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "archive.json"
+    archive = Archive.load(path) if path.exists() else new_archive(cfg)
+    results = load_results(state_dir)[: archive.steps_done]
+    run_file = state_dir / "run_id"
+    if not run_file.exists():
+        run_file.write_text(secrets.token_hex(4))
+    run_id = run_file.read_text().strip()
+    if archive.steps_done:
+        say(f"resuming {cfg.mode} at step {archive.steps_done} (best {archive.best().value:.6f})")
+    else:
+        save(archive, state_dir, results)
+        say(f"{cfg.mode}: seeded baseline, sum of radii {archive.best().value:.6f}")
+    while archive.steps_done < cfg.steps:
+        step = archive.steps_done
+        started = time.monotonic()
+        result, served = run_step(reef, archive, cfg, step, run_id)
+        if cfg.mode == "ttt":
+            # The step is done when Reef serves what it trained on the step's grid.
+            head = reef.wait_for_release(served, cfg.release_timeout_s, check)
+            kl = (head.get("metrics") or {}).get("train_kl_to_base")
+            result = replace(
+                result,
+                kl_to_base=kl,
+                next_release_id=head["release_id"],
+                seconds=time.monotonic() - started,
+            )
+        archive.steps_done += 1
+        results.append(result)
+        save(archive, state_dir, results)
+        say(
+            f"{cfg.mode} step {step}: best {result.best:.6f}  mean reward "
+            f"{result.mean_reward:.4f}  valid {result.valid_fraction:.0%}  "
+            f"{result.seconds:.1f}s"
+            + (f"  KL {result.kl_to_base:.4g}" if result.kl_to_base is not None else "")
+        )
+    return results

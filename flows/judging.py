@@ -1,0 +1,306 @@
+"""The worker's judging pass: next turns and text-only reports become judge reports.
+
+A turn is judged when its next turn arrives: a later record whose request extends the turn's
+conversation (its session child) brings the next state, the messages appended after the
+turn's answer (a user reply or a tool result, with its role). A report that carries feedback
+text but no score is judged too, with its text as the next state. The last turn of a session
+gets no next state: after `judge.session_ttl_s` it is retired unjudged (counted).
+
+Bounded: at most `judge.concurrency` turns are judged at once and each within
+`judge.timeout_s`; a judge that fails or times out is a counted drop, never a crash, and the
+turn is not tried again by this worker. A judgment's report id is derived from what it judged
+(`judge_<record>` or `judge_<report>`), so a restarted worker never judges a turn twice.
+Never on the request path: this runs in the worker process (flows/worker.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from reef.errors import ReefError
+from reef.experience import completion_text, prompt_messages
+from reef.judge import (
+    Ask,
+    Exchange,
+    Judge,
+    endpoint_ask,
+    function_ask,
+    is_judgment,
+    judge_messages,
+    judgment_report,
+)
+from reef.recipe import recipe_class
+from reef.records import Record, Report
+from reef.settings import Settings
+from reef.store.base import Store
+
+log = logging.getLogger("reef.judging")
+
+PAGE = 500
+
+
+def judging_enabled(settings: Settings) -> bool:
+    """`judge.enabled`, or when unset, whether the recipe learns from judgments (openclaw)."""
+    if settings.judge.enabled is not None:
+        return settings.judge.enabled
+    return recipe_class(settings.reef.recipe).name == "openclaw"
+
+
+def build_judge(settings: Settings, scenario: str) -> Judge:
+    """The configured judge for `scenario`: a function, an endpoint, or the served head."""
+    j = settings.judge
+    if j.function:
+        return Judge(function_ask(j.function), f"function:{j.function}", votes=j.votes)
+    if j.url:
+        if not j.model:
+            raise ReefError("judge.url needs judge.model")
+        key = j.api_key.get_secret_value() if j.api_key else None
+        ask = endpoint_ask(
+            j.url,
+            j.model,
+            api_key=key,
+            temperature=j.temperature,
+            max_tokens=j.max_tokens,
+            timeout_s=j.timeout_s,
+        )
+        return Judge(ask, f"endpoint:{j.url}#{j.model}", votes=j.votes)
+    return Judge(_head_ask(settings, scenario), f"head:{scenario}", votes=j.votes)
+
+
+def _head_ask(settings: Settings, scenario: str) -> Ask:
+    """The scenario's served head answers, through the engine's admin generate route (so the
+    judging is never recorded as traffic)."""
+    from deploy.engine import EngineAdmin
+
+    admin = EngineAdmin.for_settings(settings)
+    j = settings.judge
+
+    def ask(task: str, exchange: Exchange, sample: int) -> str:
+        return admin.generate(
+            scenario,
+            judge_messages(task, exchange),  # type: ignore[arg-type]
+            max_tokens=j.max_tokens,
+            temperature=j.temperature,
+            seed=sample,
+        )
+
+    return ask
+
+
+@dataclass(frozen=True)
+class Case:
+    """One turn to judge: the record, what came next, and the report id its judgment gets."""
+
+    report_id: str
+    record: Record
+    next_role: str
+    next_text: str
+    judged_report_id: str | None = None
+
+    def exchange(self) -> Exchange:
+        return Exchange(
+            messages=tuple(prompt_messages(self.record)),
+            reply=completion_text(self.record),
+            next_role=self.next_role,
+            next_text=self.next_text,
+        )
+
+
+@dataclass
+class _ScenarioState:
+    record_cursor: str | None = None
+    report_cursor: str | None = None
+    judged: set[str] = field(default_factory=set)  # judgment report ids seen or tried
+    scored: set[str] = field(default_factory=set)  # records a human report scores
+    waiting: dict[str, float] = field(default_factory=dict)  # tail record -> seen at (monotonic)
+
+
+class Judging:
+    """Finds and judges the turns of every scenario; one instance per worker."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        judge_for: Callable[[str], Judge] | None = None,
+    ):
+        self.settings = settings
+        self.store = store
+        self.judge_for = judge_for or (lambda scenario: build_judge(settings, scenario))
+        self.counts: Counter[str] = Counter()
+        self._state: dict[str, _ScenarioState] = {}
+        self._judges: dict[str, Judge] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            settings.judge.concurrency, thread_name_prefix="reef-judge"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # finding turns -------------------------------------------------------------------
+    def cases(self, scenario: str) -> list[Case]:
+        """New turns of `scenario` with a next state, not judged yet; retires old tails."""
+        st = self._state.setdefault(scenario, _ScenarioState())
+        out = self._from_reports(scenario, st)
+        out += self._from_records(scenario, st)
+        ttl = self.settings.judge.session_ttl_s
+        now = time.monotonic()
+        for rid, seen in list(st.waiting.items()):
+            if now - seen > ttl:
+                del st.waiting[rid]
+                self.counts["retired"] += 1
+        return [c for c in out if c.record.id not in st.scored]
+
+    def _from_reports(self, scenario: str, st: _ScenarioState) -> list[Case]:
+        out: list[Case] = []
+        for rep in _all(self.store.list_reports, scenario, st.report_cursor):
+            st.report_cursor = rep.id
+            if is_judgment(rep):
+                st.judged.add(rep.id)
+                continue
+            if rep.score is not None:
+                st.scored.update(rep.references)
+                continue
+            text = _feedback_text(rep)
+            if not text:
+                continue
+            records = self.store.get_records(scenario, rep.references)
+            if not records:
+                continue
+            # A report on several receipts is about the trajectory: its last turn is judged.
+            last = max(records, key=lambda r: (r.turn if r.turn is not None else -1, r.id))
+            out.append(Case(f"judge_{rep.id}", last, "feedback", text, judged_report_id=rep.id))
+        return out
+
+    def _from_records(self, scenario: str, st: _ScenarioState) -> list[Case]:
+        out: list[Case] = []
+        now = time.monotonic()
+        for rec in _all(self.store.list_records, scenario, st.record_cursor):
+            st.record_cursor = rec.id
+            st.waiting[rec.id] = now
+            if rec.parent_id is None:
+                continue
+            st.waiting.pop(rec.parent_id, None)
+            try:
+                parent = self.store.get_record(scenario, rec.parent_id)
+            except ReefError:
+                continue
+            role, text = next_state(parent, rec)
+            if role is None:
+                self.counts["no_next_state"] += 1  # a retry of the same request
+                continue
+            out.append(Case(f"judge_{parent.id}", parent, role, text))
+        return out
+
+    # judging ---------------------------------------------------------------------------
+    def run_pass(self, scenarios: Iterable[str]) -> set[str]:
+        """Judge what is new in `scenarios`; returns the scenarios that got judgments."""
+        touched: set[str] = set()
+        for scenario in scenarios:
+            st = self._state.setdefault(scenario, _ScenarioState())
+            todo = [c for c in self.cases(scenario) if c.report_id not in st.judged]
+            for c in todo:
+                st.judged.add(c.report_id)  # tried once per worker, judged or not
+            if todo and self._judge_all(scenario, todo):
+                touched.add(scenario)
+        return touched
+
+    def _judge_all(self, scenario: str, cases: list[Case]) -> int:
+        try:
+            judge = self._judges.get(scenario) or self.judge_for(scenario)
+        except ReefError as e:
+            log.error("%s: no judge: %s", scenario, e.message)
+            self.counts["judge_failed"] += len(cases)
+            return 0
+        self._judges[scenario] = judge
+        futures = [(c, self._pool.submit(judge.judge, c.exchange())) for c in cases]
+        stored = 0
+        deadline = self.settings.judge.timeout_s
+        for case, fut in futures:
+            try:
+                judgment = fut.result(timeout=deadline)
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                self.counts["judge_timeout"] += 1
+                log.warning("%s: judging %s timed out", scenario, case.record.id)
+                continue
+            except Exception as e:
+                self.counts["judge_failed"] += 1
+                log.warning("%s: judging %s failed: %s", scenario, case.record.id, e)
+                continue
+            report = judgment_report(
+                scenario,
+                case.report_id,
+                case.record.id,
+                case.exchange(),
+                judgment,
+                judged_report_id=case.judged_report_id,
+            )
+            try:
+                self.store.add_report(report)
+            except ReefError as e:
+                self.counts["store_failed"] += 1
+                log.warning("%s: storing judgment %s failed: %s", scenario, report.id, e.message)
+                continue
+            self.counts["judged"] += 1
+            stored += 1
+        return stored
+
+    def run_forever(self, stop: threading.Event, on_judged: Callable[[str], None]) -> None:
+        """Poll every `judge.poll_s` until `stop` is set; `on_judged(scenario)` after new
+        judgments (the worker then checks that scenario's readiness)."""
+        while not stop.is_set():
+            try:
+                names = [s.name for s in self.store.list_scenarios()]
+                for scenario in sorted(self.run_pass(names)):
+                    on_judged(scenario)
+            except Exception:
+                log.exception("judging pass failed")
+            stop.wait(self.settings.judge.poll_s)
+
+
+def next_state(parent: Record, child: Record) -> tuple[str | None, str]:
+    """The role and text of what the child's request appended after the parent's answer; (None,
+    "") when it appended nothing."""
+    before = len(prompt_messages(parent)) + 1  # the parent's prompt and its answer
+    added = prompt_messages(child)[before:]
+    if not added:
+        return None, ""
+    text = "\n".join(_content(m.get("content")) for m in added)
+    return str(added[0].get("role") or "user"), text
+
+
+def _content(content: object) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _feedback_text(report: Report) -> str | None:
+    """The text a scoreless report says: its feedback string, or a structured feedback's
+    "text"/"comment" (a correction is not a reaction to judge: SFT learns from it)."""
+    fb = report.feedback
+    if isinstance(fb, str):
+        return fb.strip() or None
+    if isinstance(fb, dict):
+        for key in ("text", "comment", "feedback"):
+            value = fb.get(key)
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+    return None
+
+
+def _all(list_page: Callable[..., list], scenario: str, after: str | None) -> list:
+    out: list = []
+    while True:
+        page = list_page(scenario, after=after, limit=PAGE)
+        out += page
+        if len(page) < PAGE:
+            return out
+        after = page[-1].id

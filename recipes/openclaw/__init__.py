@@ -1,0 +1,1 @@
+"""OpenClaw-RL: learning from next-state signals (recipe.py says how)."""

@@ -1,0 +1,235 @@
+"""One TTT-Discover step on a full grid: advantages per group, KL shaping to the frozen base,
+the un-clipped token-sum IS loss, one Adam step; the candidate adapter with its optimizer state
+and the best program so far (ALGORITHMS.md §3.1-3.3)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recipes.sao.learner import response_logprobs
+from recipes.training import LoraParams, load_policy, save_candidate
+from recipes.tttd.objective import constant, group_advantages, is_loss, kl_shaping
+from recipes.tttd.params import TTTDParams
+from reef.errors import ReefError
+from reef.recipe import Progress, Trained, TrainJob
+
+STATE_DIR = "tttd"
+OPTIMIZER_FILE = "optimizer.pt"
+BEST_FILE = "best.json"
+PROGRAM_FILE = "best.py"
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class GridRollout:
+    sample_id: str
+    group: int
+    reward: float
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    mask: list[int]
+    sampler_logprobs: list[float]
+    completion: str
+    record_id: str
+
+
+def _rollout(row: dict[str, Any]) -> GridRollout:
+    meta = json.loads(row["report_metadata"])
+    if row["logprobs"] is None or len(row["logprobs"]) != len(row["completion_token_ids"]):
+        raise ReefError(
+            f"tttd: rollout {row['sample_id']} has no per-token log-probs: the IS loss needs "
+            "the engine's recorded sampling log-probs",
+            code="no_logprobs",
+        )
+    if not row["completion_token_ids"]:
+        raise ReefError(f"tttd: rollout {row['sample_id']} is empty", code="empty_rollout")
+    return GridRollout(
+        sample_id=row["sample_id"],
+        group=int(meta["group"]),
+        reward=float(row["score"]),
+        prompt_ids=list(row["prompt_token_ids"]),
+        completion_ids=list(row["completion_token_ids"]),
+        mask=[int(m) for m in row["completion_mask"]],
+        sampler_logprobs=[float(x) for x in row["logprobs"]],
+        completion=row["completion"],
+        record_id=row["record_ids"][0],
+    )
+
+
+def last_program(text: str) -> str | None:
+    """The last fenced python block of a completion (the program the harness ran)."""
+    blocks = _FENCE.findall(text)
+    return blocks[-1] if blocks else None
+
+
+def _groups(rollouts: list[GridRollout]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        out.setdefault(r.group, []).append(i)
+    return dict(sorted(out.items()))
+
+
+def _reward_stats(rewards: list[float]) -> dict[str, float]:
+    return {
+        "train_reward_mean": statistics.fmean(rewards),
+        "train_reward_std": statistics.pstdev(rewards),
+        "train_reward_min": min(rewards),
+        "train_reward_max": max(rewards),
+        "train_reward_zero_fraction": sum(r == 0.0 for r in rewards) / len(rewards),
+    }
+
+
+def advantages(rollouts: list[GridRollout]) -> tuple[dict[int, float], dict[str, float]]:
+    """Per-rollout advantages of the training groups, and the group statistics. Constant
+    groups are removed; when every group is constant the first is kept (a zero-signal step)."""
+    groups = _groups(rollouts)
+    training = {g: ix for g, ix in groups.items() if not constant([rollouts[i].reward for i in ix])}
+    if not training:
+        first = next(iter(groups))
+        training = {first: groups[first]}
+    adv: dict[int, float] = {}
+    betas = []
+    for ix in training.values():
+        beta, values = group_advantages([rollouts[i].reward for i in ix])
+        betas.append(beta)
+        adv |= dict(zip(ix, values, strict=True))
+    stats = {
+        "train_groups": float(len(groups)),
+        "train_constant_groups": float(len(groups) - len(training)),
+        "train_training_groups": float(len(training)),
+        "train_beta_mean": statistics.fmean(betas),
+        "train_beta_max": max(betas),
+    }
+    return adv, stats
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, parent: Path | None) -> bool:
+    """Continue the parent release's Adam moments (one optimizer across the run, as upstream)."""
+    path = parent / STATE_DIR / OPTIMIZER_FILE if parent is not None else None
+    if path is None or not path.is_file():
+        return False
+    try:
+        opt.load_state_dict(torch.load(path, weights_only=True))
+    except (ValueError, RuntimeError, KeyError):
+        return False  # another adapter shape (e.g. a changed rank): start the moments afresh
+    return True
+
+
+def best_so_far(
+    parent: Path | None, rollouts: list[GridRollout], step: int
+) -> dict[str, Any] | None:
+    """The better of the parent release's best program and this grid's best valid one."""
+    best: dict[str, Any] | None = None
+    if parent is not None and (parent / STATE_DIR / BEST_FILE).is_file():
+        best = json.loads((parent / STATE_DIR / BEST_FILE).read_text())
+    for r in rollouts:
+        program = last_program(r.completion)
+        if r.reward > 0.0 and program is not None and (best is None or r.reward > best["reward"]):
+            best = {
+                "reward": r.reward,
+                "step": step,
+                "record_id": r.record_id,
+                "program": program,
+            }
+    return best
+
+
+def train_grid(
+    job: TrainJob,
+    p: TTTDParams,
+    step: int,
+    rows: list[dict[str, Any]],
+    progress: Progress | None = None,
+) -> Trained:
+    rollouts = [_rollout(r) for r in rows]
+    adv, metrics = advantages(rollouts)
+    metrics |= _reward_stats([r.reward for r in rollouts])
+    lora = LoraParams(p.lora_r, p.lora_alpha, p.lora_dropout, p.lora_target_modules)
+    policy, tokenizer = load_policy(job, lora)
+    params = [q for q in policy.parameters() if q.requires_grad]
+    opt = torch.optim.Adam(
+        params,
+        lr=p.learning_rate,
+        betas=(p.adam_beta1, p.adam_beta2),
+        eps=p.adam_eps,
+        weight_decay=0.0,
+    )
+    continued = _load_optimizer(opt, job.parent_path)
+    policy.train()
+    train = sorted(adv)
+    seqs = [torch.tensor([rollouts[i].prompt_ids + rollouts[i].completion_ids]) for i in train]
+    lens = [len(rollouts[i].prompt_ids) for i in train]
+    sampler = [torch.tensor(rollouts[i].sampler_logprobs, dtype=torch.float32) for i in train]
+    masks = [torch.tensor(rollouts[i].mask, dtype=torch.float32) for i in train]
+
+    # π_0: the same network with its adapters disabled (§3.2 d), no gradient.
+    with torch.no_grad(), policy.disable_adapter():
+        base = [response_logprobs(policy, ids, n) for ids, n in zip(seqs, lens, strict=True)]
+    offsets, kl = kl_shaping(sampler, base, masks, p.kl_coef)
+
+    # One step over the whole grid: the token-sum loss is accumulated rollout by rollout.
+    opt.zero_grad(set_to_none=True)
+    loss_sum, ratio_sum, ratio_dev, tokens = 0.0, 0.0, 0.0, 0.0
+    for k, i in enumerate(train):
+        logprobs = response_logprobs(policy, seqs[k], lens[k])
+        token_adv = adv[i] + offsets[k]
+        # Tokens the environment inserted have no sampling log-prob (Reef records 0.0 there),
+        # so the IS term covers generated tokens; a single-turn rollout is all generated.
+        gen = masks[k] > 0
+        loss = is_loss(logprobs[gen], sampler[k][gen], token_adv[gen])
+        loss.backward()
+        ratio = torch.exp(logprobs.detach()[gen] - sampler[k][gen])
+        loss_sum += loss.item()
+        ratio_sum += float(ratio.sum())
+        ratio_dev += float((ratio - 1.0).abs().sum())
+        tokens += float(gen.sum())
+        if progress is not None:
+            progress(k + 1, len(train), {"loss": loss_sum})
+    grad_norm = math.sqrt(sum(float((q.grad**2).sum()) for q in params if q.grad is not None))
+    opt.step()
+
+    kind = save_candidate(policy, tokenizer, job)
+    state = job.out_dir / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    torch.save(opt.state_dict(), state / OPTIMIZER_FILE)
+    best = best_so_far(job.parent_path, rollouts, step)
+    if best is not None:
+        (state / BEST_FILE).write_text(json.dumps(best, indent=2) + "\n")
+        (state / PROGRAM_FILE).write_text(best["program"])
+        metrics["tttd_best_reward"] = float(best["reward"])
+        metrics["tttd_best_step"] = float(best["step"])
+        _log_best(best)
+    metrics |= {
+        "train_step": float(step),
+        "train_loss": loss_sum,
+        "train_kl_to_base": kl,
+        "train_ratio_mean": ratio_sum / max(tokens, 1.0),
+        "train_ratio_dev": ratio_dev / max(tokens, 1.0),
+        "train_tokens": tokens,
+        "train_rollouts": float(len(train)),
+        "train_grad_norm": grad_norm,
+        "train_optimizer_continued": float(continued),
+    }
+    return Trained(
+        kind,
+        path=job.out_dir,
+        metrics=metrics,
+        trained_sample_ids=tuple(r["sample_id"] for r in rows),
+    )
+
+
+def _log_best(best: dict[str, Any]) -> None:
+    """The best program in the flow's MLflow run, when there is one (the evolve flow's)."""
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.log_text(best["program"], f"{STATE_DIR}/{PROGRAM_FILE}")
+        mlflow.set_tag("tttd.best_reward", repr(best["reward"]))

@@ -1,0 +1,318 @@
+"""The judge: what came after an assistant turn (a next message, a text report) becomes a vote
+in {+1, 0, -1} and hindsight hints, stored as a report with `source: judge`.
+
+OpenClaw-RL's process reward (ALGORITHMS.md §2.2), in our own words. Two questions are asked
+of the judged turn and its next state, each `votes` (m) times:
+
+- evaluate: did the turn meet the user's intent, given what came next? The last `\\boxed{v}`
+  of each answer is its vote; the score is the plurality of the valid votes, and a tie for the
+  top count (or no valid vote) is 0;
+- hint: does the next state say something that would have improved the turn? An answer with
+  `\\boxed{1}` carries a hint between [HINT_START] and [HINT_END]; the candidates are those
+  hints stripped, longer than 10 characters, de-duplicated, shortest first, at most 3.
+
+`dispatch` says what a judgment trains (the table of §2.2). Who answers is pluggable, as
+verifiers are: a Python function `pkg.module:fn` (a rule judge) or any OpenAI-compatible chat
+endpoint (`endpoint_ask`); the worker (flows/judging.py) wires the default, the scenario's
+served head through the engine's admin generate route. Judging never runs on the request path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from reef.errors import ConfigError, UpstreamError
+from reef.recipe import import_object
+from reef.records import Report, utcnow
+
+Task = Literal["evaluate", "hint"]
+TASKS: tuple[Task, ...] = ("evaluate", "hint")
+
+SOURCE = "judge"  # Report.metadata["source"] of a judgment
+MIN_HINT_CHARS = 10  # a hint must be longer than this (§2.2)
+MAX_HINTS = 3  # prm_max_hint_candidates (§2.2)
+HINT_HEADER = "\n\n[user's hint / instruction]\n"  # what append_hint puts before a hint
+
+_BOXED = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
+_HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """The judged assistant turn and what came after it.
+
+    `next_role` is "user" (the user's next message), "tool" (a tool's result) or "feedback"
+    (the text of a report on the turn); the judge reads it as an input."""
+
+    messages: tuple[dict[str, Any], ...]  # the turn's prompt, OpenAI chat form
+    reply: str  # what the assistant answered
+    next_role: str
+    next_text: str
+
+
+# One answer of the judge to one question: (task, exchange, sample index) -> raw text in the
+# output format above. Sample i of m lets a rule judge vary its answers deterministically.
+Ask = Callable[[Task, Exchange, int], str]
+
+
+@dataclass(frozen=True)
+class Judgment:
+    """The judge's verdict on one turn, with everything needed to audit it."""
+
+    score: int  # plurality of the evaluate votes, ties -> 0
+    hints: tuple[str, ...]  # the hint candidates, shortest first
+    votes: dict[str, int]  # evaluate votes by value ("1", "0", "-1", "void")
+    hint_votes: dict[str, int]  # hint answers by value
+    raw: dict[str, list[str]] = field(default_factory=dict)  # task -> the m raw answers
+    judge: str = ""  # the judge's identity (function path or endpoint + model)
+
+    @property
+    def trains(self) -> bool:
+        return dispatch(self.score, self.hints) is not None
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What one judged turn trains (§2.2's table): the RL reward and the teacher's context."""
+
+    reward: int
+    teacher: Literal["hints", "anchor"]  # hint-enhanced prompts, or the plain prompt
+
+
+def dispatch(score: int, hints: Sequence[str]) -> Dispatch | None:
+    """Hints and a ±1 score: reward and hint teachers; hints and 0: hints only (the RL term
+    vanishes); no hints and ±1: reward and the anchor (the un-enhanced prompt); neither: None,
+    the turn trains nothing."""
+    if hints:
+        return Dispatch(reward=score, teacher="hints")
+    if score != 0:
+        return Dispatch(reward=score, teacher="anchor")
+    return None
+
+
+# the rules -------------------------------------------------------------------------------
+def boxed(text: str) -> int | None:
+    """The last `\\boxed{n}` value of an answer, or None when there is none."""
+    found = _BOXED.findall(text or "")
+    return int(found[-1]) if found else None
+
+
+def plurality(votes: Sequence[int | None]) -> int:
+    """The most frequent valid vote (+1, 0 or -1); a tie for the top count, or no valid vote,
+    is 0. Void votes (None, or values outside {-1, 0, 1}) do not count."""
+    counts = Counter(v for v in votes if v in (-1, 0, 1))
+    if not counts:
+        return 0
+    ranked = counts.most_common()
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        return 0
+    return int(ranked[0][0])
+
+
+def hint_of(text: str) -> str | None:
+    """The hint an answer gives: its text between the markers when it votes `\\boxed{1}`."""
+    if boxed(text) != 1:
+        return None
+    found = _HINT.findall(text or "")
+    return found[-1].strip() if found else None
+
+
+def hint_candidates(hints: Sequence[str | None], limit: int = MAX_HINTS) -> tuple[str, ...]:
+    """Hints stripped, longer than MIN_HINT_CHARS characters, de-duplicated, shortest first
+    (ties in first-seen order), at most `limit`."""
+    kept = [h.strip() for h in hints if h is not None and len(h.strip()) > MIN_HINT_CHARS]
+    unique = list(dict.fromkeys(kept))
+    return tuple(sorted(unique, key=len)[:limit])
+
+
+def append_hint(messages: Sequence[Mapping[str, Any]], hint: str) -> list[dict[str, Any]]:
+    """The prompt with the hint appended to its last user message (a user message holding only
+    the hint is added when there is none): the teacher's hint-enhanced context."""
+    out = [dict(m) for m in messages]
+    for m in reversed(out):
+        if m.get("role") == "user":
+            m["content"] = _text(m.get("content")) + HINT_HEADER + hint
+            return out
+    out.append({"role": "user", "content": HINT_HEADER.lstrip("\n") + hint})
+    return out
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+# judging -------------------------------------------------------------------------------------
+class Judge:
+    """Asks both questions `votes` times and applies the rules. `ask` may raise; the caller
+    counts the turn as a judge failure (flows/judging.py)."""
+
+    def __init__(self, ask: Ask, identity: str, votes: int = 3, max_hints: int = MAX_HINTS):
+        if votes < 1:
+            raise ConfigError("judge.votes must be >= 1")
+        self.ask = ask
+        self.identity = identity
+        self.votes = votes
+        self.max_hints = max_hints
+
+    def judge(self, exchange: Exchange) -> Judgment:
+        raw: dict[str, list[str]] = {
+            task: [self.ask(task, exchange, i) for i in range(self.votes)] for task in TASKS
+        }
+        evaluate = [boxed(a) for a in raw["evaluate"]]
+        hints = [hint_of(a) for a in raw["hint"]]
+        return Judgment(
+            score=plurality(evaluate),
+            hints=hint_candidates(hints, self.max_hints),
+            votes=_tally(evaluate),
+            hint_votes=_tally([boxed(a) for a in raw["hint"]]),
+            raw=raw,
+            judge=self.identity,
+        )
+
+
+def _tally(votes: Sequence[int | None]) -> dict[str, int]:
+    out = {"1": 0, "0": 0, "-1": 0, "void": 0}
+    for v in votes:
+        out[str(v) if v in (-1, 0, 1) else "void"] += 1
+    return out
+
+
+def judgment_report(
+    scenario: str,
+    report_id: str,
+    record_id: str,
+    exchange: Exchange,
+    judgment: Judgment,
+    judged_report_id: str | None = None,
+) -> Report:
+    """The report a judgment is stored as: it scores the turn (so readiness, records and
+    `reef export` see it), its feedback carries the hints the openclaw recipe teaches with,
+    its metadata the votes, the raw answers and who judged. A human report with a score on
+    the same receipt wins over it (reef.experience.pick)."""
+    metadata: dict[str, Any] = {
+        "source": SOURCE,
+        "judge": judgment.judge,
+        "votes": judgment.votes,
+        "hint_votes": judgment.hint_votes,
+        "raw": judgment.raw,
+        "trains": judgment.trains,
+        # also here (not only in the feedback) because a rollout row carries the counting
+        # report's metadata: the openclaw recipe reads its teachers' hints from it
+        "hints": list(judgment.hints),
+    }
+    if judged_report_id is not None:
+        metadata["judged_report_id"] = judged_report_id
+    return Report(
+        id=report_id,
+        scenario=scenario,
+        created_at=utcnow(),
+        references=(record_id,),
+        score=float(judgment.score),
+        feedback={
+            "hints": list(judgment.hints),
+            "next_state": {"role": exchange.next_role, "content": exchange.next_text},
+        },
+        metadata=metadata,
+    )
+
+
+def is_judgment(report: Report) -> bool:
+    return report.metadata.get("source") == SOURCE
+
+
+def hints_of(feedback: Any) -> tuple[str, ...]:
+    """The hint candidates a judgment's feedback carries (a dict, or its JSON text)."""
+    if isinstance(feedback, str):
+        import orjson
+
+        try:
+            feedback = orjson.loads(feedback)
+        except orjson.JSONDecodeError:
+            return ()
+    hints = feedback.get("hints") if isinstance(feedback, dict) else None
+    return tuple(h for h in hints if isinstance(h, str)) if isinstance(hints, list) else ()
+
+
+# who answers -----------------------------------------------------------------------------
+_INSTRUCTIONS: dict[Task, str] = {
+    "evaluate": (
+        "You judge one assistant turn by what happened right after it. Decide whether the "
+        "turn did what the user wanted. Signs it did: the user moves on, thanks, or a tool "
+        "ran successfully. Signs it did not: the user asks for a redo, corrects it, asks for "
+        "a change, repeats the request in other words, or a tool failed because of the "
+        "turn. Think briefly, then end with \\boxed{1} (it did), \\boxed{-1} (it did not) "
+        "or \\boxed{0} (cannot tell)."
+    ),
+    "hint": (
+        "You read one assistant turn and what happened right after it. Does the next "
+        "message reveal something that would have made the turn better? If it does, answer "
+        "\\boxed{1} and give a short actionable hint (1 to 3 sentences) the assistant could "
+        "have followed, between [HINT_START] and [HINT_END]. If it does not, answer "
+        "\\boxed{-1} and no hint."
+    ),
+}
+
+
+def judge_messages(task: Task, exchange: Exchange) -> list[dict[str, str]]:
+    """The chat an LLM judge is asked: the instructions, then the turn and its next state."""
+    context = "\n".join(
+        f"[{m.get('role', 'user')}] {_text(m.get('content'))}" for m in exchange.messages
+    )
+    body = (
+        f"## Conversation before the turn\n{context}\n\n"
+        f"## The assistant's turn\n{exchange.reply}\n\n"
+        f"## What came next ({exchange.next_role})\n{exchange.next_text}"
+    )
+    return [
+        {"role": "system", "content": _INSTRUCTIONS[task]},
+        {"role": "user", "content": body},
+    ]
+
+
+def function_ask(path: str) -> Ask:
+    """A Python judge `pkg.module:fn`, called as fn(task, exchange, sample) -> raw answer."""
+    fn = import_object(path, "judge.function")
+    if not callable(fn):
+        raise ConfigError(f"judge.function '{path}' is not callable")
+    return fn
+
+
+def endpoint_ask(
+    url: str,
+    model: str,
+    *,
+    api_key: str | None = None,
+    temperature: float = 0.6,
+    max_tokens: int = 512,
+    timeout_s: float = 120.0,
+) -> Ask:
+    """A judge behind any OpenAI-compatible `/v1` (`url` ends in /v1): one chat completion per
+    answer. Errors are UpstreamError, which the worker counts as a judge failure."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def ask(task: Task, exchange: Exchange, sample: int) -> str:
+        body = {
+            "model": model,
+            "messages": judge_messages(task, exchange),
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+        }
+        try:
+            r = client.post("/chat/completions", json=body)
+        except httpx.HTTPError as e:
+            raise UpstreamError(f"judge at {url} unreachable: {e}") from None
+        if r.status_code >= 400:
+            raise UpstreamError(f"judge at {url}: {r.status_code} {r.text[:300]}")
+        content = r.json()["choices"][0]["message"].get("content")
+        return content if isinstance(content, str) else ""
+
+    return ask

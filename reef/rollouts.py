@@ -1,0 +1,227 @@
+"""Rollouts: which arm (canary or control) serves a call, and what each arm has earned.
+
+A canary is a candidate the gate accepted, with status "canary": it serves a sticky share of a
+scenario's sessions while the head serves the rest. Stickiness comes from a hash, not from
+state: sha256(canary id, sticky key) below `share` means canary. The same key gets the same
+arm in every process, after a restart and on every replica sharing the database, and a new
+canary draws a new sample of keys.
+
+The sticky key is, by `rollout.sticky`: the end user (x-reef-user-id), a tag's value, or the
+session: the explicit x-reef-session-id, else the conversation's first user message (every
+turn of a conversation repeats it, so all turns land on one arm without a lookup).
+
+`Rollouts` (one per serving process) finds a scenario's canary (a short cache, as for the
+scenario row), picks the arm, and keeps each arm's serving health (errors, latency) for the
+guardrail. `arm_scores` reads what reports said about each arm from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import Float, cast, func, select
+
+from reef.errors import NotFound
+from reef.records import Candidate, Release, Scenario
+from reef.sequential import ArmScores, Guardrail, Health, SequentialPolicy
+from reef.settings import RolloutSettings
+from reef.store.base import Store
+
+ArmName = Literal["canary", "control"]
+ARM_TAG = "reef.arm"  # record tags naming the arm and the rollout (the canary's id)
+ROLLOUT_TAG = "reef.rollout"
+
+
+def sticky_key(
+    sticky: str,
+    *,
+    session_id: str | None,
+    user_id: str | None,
+    tags: dict[str, str],
+    messages: list[dict[str, Any]],
+) -> str | None:
+    """What keeps a caller on one arm (None: nothing to key on; the call's arm is drawn)."""
+    if sticky == "user":
+        return f"user:{user_id}" if user_id else None
+    if sticky.startswith("tag:"):
+        value = tags.get(sticky[4:])
+        return f"tag:{value}" if value else None
+    if session_id:
+        return f"session:{session_id}"
+    first = next((m for m in messages if m.get("role") == "user"), None)
+    if first is None:
+        return None
+    content = first.get("content")
+    text = content if isinstance(content, str) else repr(content)
+    return "first:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def arm_for(rollout_id: str, key: str, share: float) -> ArmName:
+    """The arm `key` gets in rollout `rollout_id`: the same in every process, every time."""
+    digest = hashlib.sha256(f"{rollout_id}\x00{key}".encode()).digest()
+    position = int.from_bytes(digest[:8], "big") / 2**64
+    return "canary" if position < share else "control"
+
+
+def sequential_policy(rollout: RolloutSettings) -> SequentialPolicy:
+    return SequentialPolicy(
+        confidence=rollout.confidence,
+        margin=rollout.margin,
+        min_samples=rollout.min_samples,
+        max_duration_s=rollout.max_duration_s,
+        on_inconclusive=rollout.on_inconclusive,
+    )
+
+
+def guardrail_of(rollout: RolloutSettings) -> Guardrail:
+    return Guardrail(
+        max_error_rate_increase=rollout.max_error_rate_increase,
+        max_p95_ratio=rollout.max_p95_ratio,
+        min_requests=rollout.guard_min_requests,
+    )
+
+
+@dataclass(frozen=True)
+class Arm:
+    """The arm a call was given: which release serves it, and the tags its record carries."""
+
+    name: ArmName
+    release_id: str
+    rollout_id: str
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {ARM_TAG: self.name, ROLLOUT_TAG: self.rollout_id}
+
+
+@dataclass
+class _Window:
+    """One arm's recent calls in this process: outcomes and latencies (bounded)."""
+
+    requests: int = 0
+    errors: int = 0
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+
+    def health(self) -> Health:
+        if not self.latencies:
+            return Health(self.requests, self.errors, None)
+        ordered = sorted(self.latencies)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return Health(self.requests, self.errors, p95)
+
+
+class Rollouts:
+    """The serving side of rollouts in one process: canary lookup, arm choice, arm health."""
+
+    def __init__(self, store: Store, settings: RolloutSettings, ttl_s: float = 2.0):
+        self.store = store
+        self.settings = settings
+        self._ttl_s = ttl_s
+        self._canaries: dict[str, tuple[Candidate | None, float]] = {}
+        self._health: dict[tuple[str, ArmName], _Window] = {}
+
+    def active(self, scenario: str) -> bool:
+        return self.settings.for_scenario(scenario).mode == "canary"
+
+    async def canary(self, scenario: str) -> Candidate | None:
+        """The scenario's live canary, if any (re-read after `ttl_s`: another process may
+        start or end one)."""
+        hit = self._canaries.get(scenario)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        rows = await asyncio.to_thread(self.store.list_candidates, scenario, "canary")
+        found = rows[0] if rows else None
+        self._canaries[scenario] = (found, now + self._ttl_s)
+        return found
+
+    def forget(self, scenario: str) -> None:
+        self._canaries.pop(scenario, None)
+
+    async def arm(
+        self,
+        scenario: Scenario,
+        *,
+        session_id: str | None,
+        user_id: str | None,
+        tags: dict[str, str],
+        messages: list[dict[str, Any]],
+        fallback: str,
+    ) -> Arm | None:
+        """The arm of this call, or None when the scenario has no live canary. `fallback`
+        (the call's record id) keys a call that carries nothing sticky."""
+        if not self.active(scenario.name):
+            return None
+        canary = await self.canary(scenario.name)
+        if canary is None:
+            return None
+        rollout = self.settings.for_scenario(scenario.name)
+        key = sticky_key(
+            rollout.sticky, session_id=session_id, user_id=user_id, tags=tags, messages=messages
+        )
+        name = arm_for(canary.id, key or fallback, rollout.share)
+        release_id = canary.id if name == "canary" else scenario.head_release_id
+        return Arm(name, release_id, canary.id)
+
+    def observe(self, rollout_id: str, arm: ArmName, ok: bool, latency_ms: float) -> None:
+        """One call's outcome on an arm, for the guardrail."""
+        window = self._health.setdefault((rollout_id, arm), _Window())
+        window.requests += 1
+        if ok:
+            window.latencies.append(latency_ms)
+        else:
+            window.errors += 1
+
+    def health(self, rollout_id: str) -> tuple[Health, Health]:
+        """(canary, control) health seen by this process during rollout `rollout_id`."""
+        canary = self._health.get((rollout_id, "canary"), _Window()).health()
+        control = self._health.get((rollout_id, "control"), _Window()).health()
+        return canary, control
+
+
+def arm_scores(
+    store: Store, scenario: str, release_id: str, since: datetime, policy: SequentialPolicy
+) -> ArmScores:
+    """The reports' scores on the records `release_id` served since `since` (the rollout's
+    start), clipped to the policy's range: one covering scan of the report references."""
+    from reef.store import tables
+    from reef.store.browse import id_at
+
+    engine = getattr(store, "engine", None)
+    if engine is None:
+        raise TypeError("arm_scores needs an SQL store")
+    x = tables.report_references
+    score = cast(x.c.score, Float)
+    lo, hi = policy.score_low, policy.score_high
+    clipped = (
+        func.min(func.max(score, lo), hi)
+        if engine.dialect.name == "sqlite"
+        else (func.least(func.greatest(score, lo), hi))
+    )
+    query = select(func.count(), func.coalesce(func.sum(clipped), 0.0)).where(
+        x.c.scenario == scenario,
+        x.c.release_id == release_id,
+        x.c.score.is_not(None),
+        x.c.record_id >= id_at("rec", since),
+    )
+    with engine.connect() as conn:
+        n, total = conn.execute(query).one()
+    return ArmScores(int(n), float(total))
+
+
+def served_release(store: Store, scenario: str, release_id: str) -> Release:
+    """The release that serves `release_id`: on the chain, or a live canary's candidate under
+    the id it will take (it serves before it is on the chain)."""
+    try:
+        return store.get_release(scenario, release_id)
+    except NotFound:
+        cand = store.get_candidate(scenario, release_id)
+        if cand.status != "canary":
+            raise
+        return cand.release()

@@ -1,0 +1,192 @@
+"""Judging through the real API and the worker's judging pass: a next turn and a text-only
+report become judge reports on the records, in readiness and in `reef export`, with a rule
+judge (a Python function) and with Reef's own /v1 as an LLM judge endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from flows.judging import Judging, build_judge
+from reef.experience import collect
+from reef.export import export
+from reef.judge import Exchange
+from reef.settings import JudgeSettings, Settings
+from reef.store.sql import open_store
+from tests.reefserver import InProcessReef
+
+SCENARIO = "reactions"
+COMPLAINT = "Too long. Keep it to one sentence."
+
+
+def rule_judge(task: str, exchange: Exchange, sample: int) -> str:
+    """A rule judge (imported by dotted path, as `judge.function` names one): the next state
+    complains -> -1 with a hint; thanks -> +1; anything else -> 0."""
+    text = exchange.next_text.lower()
+    if task == "evaluate":
+        vote = -1 if "too long" in text else 1 if "thanks" in text else 0
+        return f"reasoning... \\boxed{{{vote}}}"
+    if "too long" in text:
+        return "\\boxed{1} [HINT_START]Answer in a single short sentence.[HINT_END]"
+    return "\\boxed{-1}"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
+    with InProcessReef(tmp_path_factory.mktemp("judging")) as s:
+        yield s
+
+
+def _chat(client: openai.OpenAI, messages: list[dict[str, Any]]) -> tuple[str, str]:
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0
+    )
+    return raw.headers["x-reef-agent-record-id"], raw.parse().choices[0].message.content or ""
+
+
+def _traffic(srv: InProcessReef, scenario: str) -> dict[str, str]:
+    """Two sessions: one whose first answer draws a complaint, one thanked; and a third turn
+    that only gets a text-only report."""
+    client = openai.OpenAI(
+        base_url=srv.base_url, api_key="x", default_headers={"x-reef-scenario": scenario}
+    )
+    ids: dict[str, str] = {}
+    first = [{"role": "user", "content": "What is Rust?"}]
+    ids["complained"], answer = _chat(client, first)
+    follow = [
+        *first,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": COMPLAINT},
+    ]
+    ids["complaint_turn"], _ = _chat(client, follow)
+    other = [{"role": "user", "content": "What is Go?"}]
+    ids["thanked"], answer = _chat(client, other)
+    thanks = [
+        *other,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Thanks!"},
+    ]
+    ids["thanks_turn"], _ = _chat(client, thanks)
+    ids["reported"], _ = _chat(client, [{"role": "user", "content": "What is C?"}])
+    r = httpx.post(
+        f"{srv.url}/reef/report",
+        headers={"x-reef-scenario": scenario},
+        json={"feedback": "too long", "references": [ids["reported"]]},
+    )
+    assert r.status_code == 201, r.text
+    ids["text_report"] = r.json()["id"]
+    return ids
+
+
+def _settings(srv: InProcessReef, **judge: Any) -> Settings:
+    return srv.settings.model_copy(update={"judge": JudgeSettings(**judge)})
+
+
+def test_rule_judge_turns_reactions_into_scored_reports(srv: InProcessReef) -> None:
+    ids = _traffic(srv, SCENARIO)
+    settings = _settings(srv, function="tests.judge.test_judging:rule_judge")
+    store = open_store(settings.database_url)
+    judging = Judging(settings, store)
+    try:
+        assert judging.run_pass([SCENARIO]) == {SCENARIO}
+        assert judging.run_pass([SCENARIO]) == set()  # nothing new: nothing judged twice
+        assert judging.counts["judged"] == 3
+
+        complained = store.get_report(SCENARIO, f"judge_{ids['complained']}")
+        assert complained.score == -1.0
+        assert complained.references == (ids["complained"],)
+        assert complained.feedback["hints"] == ["Answer in a single short sentence."]
+        assert complained.feedback["next_state"] == {"role": "user", "content": COMPLAINT}
+        assert complained.metadata["votes"] == {"1": 0, "0": 0, "-1": 3, "void": 0}
+        assert complained.metadata["judge"] == "function:tests.judge.test_judging:rule_judge"
+        assert len(complained.metadata["raw"]["evaluate"]) == 3
+
+        thanked = store.get_report(SCENARIO, f"judge_{ids['thanked']}")
+        assert thanked.score == 1.0 and thanked.feedback["hints"] == []
+
+        text = store.get_report(SCENARIO, f"judge_{ids['text_report']}")
+        assert text.score == -1.0 and text.references == (ids["reported"],)
+        assert text.metadata["judged_report_id"] == ids["text_report"]
+        assert text.feedback["next_state"]["role"] == "feedback"
+
+        # Judgments count as experience (the text-only report alone would be "no_score").
+        exp = collect(store, SCENARIO, "scored", recipe="kto")
+        assert {s.record_ids[0] for s in exp.samples} == {
+            ids["complained"],
+            ids["thanked"],
+            ids["reported"],
+        }
+        assert exp.dropped["no_score"] == 0
+
+        # A person's score on the same receipt wins over the judge's.
+        r = httpx.post(
+            f"{srv.url}/reef/report",
+            headers={"x-reef-scenario": SCENARIO},
+            json={"score": 1.0, "references": [ids["complained"]]},
+        )
+        assert r.status_code == 201
+        exp = collect(store, SCENARIO, "scored", recipe="kto")
+        by_record = {s.record_ids[0]: s.score for s in exp.samples}
+        assert by_record[ids["complained"]] == 1.0
+
+        # Visible on the records' reports and in `reef export`.
+        listed = httpx.get(
+            f"{srv.url}/reef/scenarios/{SCENARIO}/reports", params={"limit": 100}
+        ).json()
+        assert sum(r["metadata"].get("source") == "judge" for r in listed["data"]) == 3
+        out = Path(srv.state_dir) / "export.jsonl"
+        export(store, SCENARIO, out, "jsonl", progress=False)
+        text_out = out.read_text()
+        assert (
+            '\\"source\\":\\"judge\\"' in text_out
+            and "Answer in a single short sentence" in text_out
+        )
+    finally:
+        judging.close()
+        store.close()
+
+
+def test_reefs_own_v1_as_the_judge_endpoint(srv: InProcessReef) -> None:
+    scenario = "reactions-llm"
+    ids = _traffic(srv, scenario)
+    settings = _settings(srv, url=srv.base_url, model="tiny", votes=2, max_tokens=6)
+    judge = build_judge(settings, scenario)
+    assert judge.identity == f"endpoint:{srv.base_url}#tiny"
+    store = open_store(settings.database_url)
+    judging = Judging(settings, store)
+    try:
+        judging.run_pass([scenario])
+        assert judging.counts["judged"] == 3, judging.counts
+        report = store.get_report(scenario, f"judge_{ids['complained']}")
+        raw = report.metadata["raw"]
+        # The tiny random model answered every question (text, not a verdict): the votes are
+        # void, the plurality rule makes the score 0, and the dispatch table trains nothing.
+        assert len(raw["evaluate"]) == 2 and len(raw["hint"]) == 2
+        assert all(isinstance(a, str) and a for a in raw["evaluate"] + raw["hint"])
+        assert sum(report.metadata["votes"].values()) == 2
+        assert report.score in (-1.0, 0.0, 1.0)
+        # The judge's calls went through /v1 and are recorded like any traffic there: they
+        # are the default scenario's, never the judged one's.
+        assert len(store.list_records(scenario, limit=100)) == 5
+    finally:
+        judging.close()
+        store.close()
+
+
+def test_a_failing_judge_is_a_counted_drop(srv: InProcessReef) -> None:
+    scenario = "reactions-down"
+    _traffic(srv, scenario)
+    settings = _settings(srv, url="http://127.0.0.1:9/v1", model="none", timeout_s=5)
+    store = open_store(settings.database_url)
+    judging = Judging(settings, store)
+    try:
+        assert judging.run_pass([scenario]) == set()
+        assert judging.counts["judge_failed"] == 3 and judging.counts["judged"] == 0
+    finally:
+        judging.close()
+        store.close()

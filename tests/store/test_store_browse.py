@@ -1,0 +1,100 @@
+"""The dashboard's queries (reef.store.browse) on SQLite and Postgres: report references written
+with each report, filtered pages below a cursor within a bounded window, per-release scores,
+traffic counts by time-sortable id, a record's reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from reef.records import Record, Report, new_id, utcnow
+from reef.store import tables
+from reef.store.browse import Browse, RecordFilter, id_at
+from reef.store.sql import SQLStore
+
+
+def _report(scenario: str, refs: tuple[str, ...], score: float | None) -> Report:
+    return Report(new_id("rpt"), scenario, utcnow(), refs, score=score, feedback="ok")
+
+
+def test_filters_pages_and_scores(store: SQLStore, make_record: Callable[..., Record]) -> None:
+    base = store.ensure_scenario("ui").head_release_id
+    recs = [
+        make_record(
+            "ui",
+            base,
+            request={"messages": [{"role": "user", "content": f"Question {i} 100%_sure"}]},
+            tags={"user": f"u{i % 2}"},
+        )
+        for i in range(10)
+    ]
+    recs.sort(key=lambda r: r.id)  # ids made in one millisecond need not come out in order
+    store.add_records(recs)
+    store.add_report(_report("ui", (recs[1].id, recs[2].id), 1.0))
+    store.add_report(_report("ui", (recs[2].id,), 0.0))
+    store.add_report(_report("ui", (recs[3].id,), None))
+    x = tables.report_references
+    with store.engine.connect() as conn:
+        assert conn.execute(x.select()).all().__len__() == 4  # one row per quoted receipt
+
+    browse = Browse(store, window=4)
+    page = browse.records("ui", RecordFilter(), limit=3)
+    assert [r.id for r in page.records] == [r.id for r in recs[::-1][:3]]
+    assert page.next_before == recs[7].id and not page.window_end
+    rest = browse.records("ui", RecordFilter(), before=page.next_before, limit=100)
+    assert [r.id for r in rest.records] == [r.id for r in recs[::-1][3:]]
+    assert rest.next_before is None
+
+    # a filter walks at most `window` records below the cursor, then says where it stopped
+    fb = browse.records("ui", RecordFilter(feedback=True), limit=100)
+    assert fb.records == [] and fb.window_end and fb.next_before == recs[6].id
+    fb = Browse(store).records("ui", RecordFilter(feedback=True), limit=100)
+    assert [r.id for r in fb.records] == [recs[3].id, recs[2].id, recs[1].id]
+    assert fb.feedback[recs[2].id].reports == 2 and fb.feedback[recs[2].id].mean_score == 0.5
+    big = Browse(store)
+    none = big.records("ui", RecordFilter(feedback=False), limit=100)
+    assert len(none.records) == 7
+    scored = big.records("ui", RecordFilter(min_score=0.5), limit=100)
+    assert [r.id for r in scored.records] == [recs[2].id, recs[1].id]
+    text = big.records("ui", RecordFilter(text="question 7 "), limit=100)
+    seven = [r.id for r in recs if "Question 7 " in r.request["messages"][0]["content"]]
+    assert [r.id for r in text.records] == seven
+    literal = big.records("ui", RecordFilter(text="100%_s"), limit=100)  # no wildcards
+    assert len(literal.records) == 10
+    assert big.records("ui", RecordFilter(text="100x_s"), limit=100).records == []
+    tagged = big.records("ui", RecordFilter(tag="user=u1"), limit=100)
+    assert len(tagged.records) == 5
+    assert big.records("ui", RecordFilter(release_id="rel_other"), limit=100).records == []
+    later = big.records("ui", RecordFilter(since=utcnow() + timedelta(minutes=1)), limit=100)
+    assert later.records == []
+
+    scores = big.release_scores("ui")
+    assert scores[base].n == 3 and abs(scores[base].mean - 2 / 3) < 1e-9
+    assert scores[base].low < scores[base].mean < scores[base].high
+
+    reports = big.reports_for("ui", [recs[2].id, recs[5].id])
+    assert [p.score for p in reports[recs[2].id]] == [1.0, 0.0] and reports[recs[5].id] == []
+
+    traffic = big.traffic("ui")
+    assert traffic.records == 10 and traffic.quoted == 3 and len(traffic.hourly) == 24
+
+
+def test_id_at_orders_like_new_id() -> None:
+    now = utcnow()
+    made = new_id("rec")
+    assert (
+        id_at("rec", now - timedelta(seconds=1)) < made < id_at("rec", now + timedelta(seconds=1))
+    )
+
+
+def test_deleting_a_scenario_drops_its_references(
+    store: SQLStore, make_record: Callable[..., Record]
+) -> None:
+    base = store.ensure_scenario("gone").head_release_id
+    rec = make_record("gone", base)
+    store.add_records([rec])
+    store.add_report(_report("gone", (rec.id,), 1.0))
+    store.delete_scenario("gone")
+    x = tables.report_references
+    with store.engine.connect() as conn:
+        assert conn.execute(x.select().where(x.c.scenario == "gone")).all() == []
