@@ -127,8 +127,10 @@ class ReleaseChain:
         metrics: dict[str, float],
         run_id: str | None,
         base_model: str,
+        provenance: dict[str, Any] | None = None,
     ) -> Candidate:
-        """Register trained files as a candidate made on `head`, with the gate's verdict."""
+        """Register trained files as a candidate made on `head`, with the gate's verdict.
+        `provenance` (e.g. the Prefect flow run that made it) joins its release's metadata."""
         candidate = weights_candidate(
             self.settings,
             self.artifacts,
@@ -142,7 +144,7 @@ class ReleaseChain:
             run_id=run_id,
             base_model=base_model,
         )
-        return self.store.add_candidate(candidate)
+        return self.store.add_candidate(_with_provenance(candidate, provenance))
 
     def add_harness_candidate(
         self,
@@ -154,6 +156,7 @@ class ReleaseChain:
         dataset_id: str | None = None,
         metrics: dict[str, float] | None = None,
         run_id: str | None = None,
+        provenance: dict[str, Any] | None = None,
     ) -> Candidate:
         """Register a harness as a candidate made on `head` (it keeps the head's weights)."""
         candidate = harness_candidate(
@@ -167,7 +170,7 @@ class ReleaseChain:
             metrics=metrics,
             run_id=run_id,
         )
-        return self.store.add_candidate(candidate)
+        return self.store.add_candidate(_with_provenance(candidate, provenance))
 
     # moving the head ----------------------------------------------------------------------
     def publish(
@@ -455,3 +458,10 @@ class ReleaseChain:
             timings,
         )
         return published
+
+
+def _with_provenance(candidate: Candidate, provenance: dict[str, Any] | None) -> Candidate:
+    """The candidate with where it came from in its (future release's) metadata."""
+    if not provenance:
+        return candidate
+    return dataclasses.replace(candidate, metadata={**candidate.metadata, **provenance})

@@ -102,6 +102,7 @@ def register_weights(
             metrics=metrics,
             run_id=run_id,
             base_model=str(base_model),
+            provenance=provenance(),
         )
 
 
@@ -127,7 +128,17 @@ def register_harness(
             dataset_id=dataset_id,
             metrics=metrics,
             run_id=run_id,
+            provenance=provenance(),
         )
+
+
+def provenance() -> dict[str, Any]:
+    """The Prefect flow run registering a candidate, for its release's metadata (the dashboard
+    links it); empty outside a flow run."""
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    return {"flow_run_id": str(run_id)} if run_id else {}
 
 
 # Retried inside the chain, not by Prefect: only the chain knows whether an attempt moved the

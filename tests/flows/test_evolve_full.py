@@ -4,6 +4,7 @@ base just the same."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,8 @@ def test_a_full_checkpoint_release_serves_and_rolls_back(
         assert result["status"] == "published", result
         chain = httpx.get(f"{srv.url}/reef/scenarios/full/releases").json()["data"]
         assert chain[0]["kind"] == "checkpoint" and chain[0]["current"]
+        # the flow run that made it, for the dashboard's link to Prefect
+        assert uuid.UUID(chain[0]["metadata"]["flow_run_id"])
         question = [{"role": "user", "content": "q7"}]
         raw = client.chat.completions.with_raw_response.create(
             model="tiny", messages=question, max_tokens=6, temperature=0
