@@ -139,26 +139,9 @@ class UpstreamEngine:
                 self._ready_check = None
 
     async def complete(self, body: dict[str, Any]) -> Completion:
-        pool = self._started()
         payload = self._payload(body, stream=False)
         t0 = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                status, data = await pool.fetch(_POST, self._chat_target, payload)
-        except TimeoutError:
-            raise self._timed_out() from None
-        except OSError as e:
-            raise self._unreachable(e) from None
-        if status >= 300:
-            raise _status_error(status, data)
-        try:
-            response = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise UpstreamError(
-                f"upstream sent invalid JSON: {_excerpt(data)}", code="upstream_invalid_response"
-            ) from None
-        if not isinstance(response, dict):
-            raise UpstreamError("upstream answered with JSON that is not an object")
+        response = await self._post_json(self._chat_target, payload)
         choices = response.get("choices") or []
         first = choices[0] if choices and isinstance(choices[0], dict) else {}
         prompt_ids = response.get("prompt_token_ids")
@@ -281,13 +264,18 @@ class UpstreamEngine:
     async def respond(self, body: dict[str, Any]) -> Completion:
         """A Responses request sent to the upstream's /responses as it is (the model
         replaced when one is configured); its response object, as it answered."""
-        pool = self._started()
+        payload = self._responses_payload(body, stream=False)
         t0 = time.perf_counter()
+        response = await self._post_json(self._responses_target, payload)
+        return Completion(response=response, timings={"total_ms": (time.perf_counter() - t0) * 1e3})
+
+    async def _post_json(self, target: bytes, payload: bytes) -> dict[str, Any]:
+        """POST a whole (non-streamed) request; the upstream's JSON object, or the error that
+        says why there is none (timeout, unreachable, its refusal, invalid JSON)."""
+        pool = self._started()
         try:
             async with asyncio.timeout(self.timeout_s):
-                status, data = await pool.fetch(
-                    _POST, self._responses_target, self._responses_payload(body, stream=False)
-                )
+                status, data = await pool.fetch(_POST, target, payload)
         except TimeoutError:
             raise self._timed_out() from None
         except OSError as e:
@@ -302,7 +290,7 @@ class UpstreamEngine:
             ) from None
         if not isinstance(response, dict):
             raise UpstreamError("upstream answered with JSON that is not an object")
-        return Completion(response=response, timings={"total_ms": (time.perf_counter() - t0) * 1e3})
+        return response
 
     async def respond_stream(
         self, body: dict[str, Any]
