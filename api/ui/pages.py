@@ -99,6 +99,17 @@ def _scoped(request: Request, scenario: str) -> tuple[Services, Viewer, str]:
     return svc, who, scenario
 
 
+async def _admin_form(
+    request: Request, scenario: str, action: str
+) -> tuple[Services, Viewer, str, dict[str, str]]:
+    """The one guard of every admin action: the scenario in scope, the form's CSRF token, an
+    admin principal. Returns (services, viewer, scenario, form)."""
+    svc, who, name = _scoped(request, scenario)
+    form = await checked_form(request, who)
+    who.principal.require_admin(action)
+    return svc, who, name, form
+
+
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
 
@@ -426,9 +437,7 @@ async def candidates(request: Request, scenario: str) -> Response:
 @router.post("/s/{scenario}/promote")
 @page
 async def promote(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
-    form = await checked_form(request, who)
-    who.principal.require_admin("promote")
+    svc, who, name, form = await _admin_form(request, scenario, "promote")
     rid = _release_id(form)
     release = await _call(svc.chain.promote, name, rid, by=who.principal.name)
     return _back(name, "releases", f"{release.id} is the head (seq {release.seq})")
@@ -437,9 +446,7 @@ async def promote(request: Request, scenario: str) -> Response:
 @router.post("/s/{scenario}/reject")
 @page
 async def reject(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
-    form = await checked_form(request, who)
-    who.principal.require_admin("reject")
+    svc, who, name, form = await _admin_form(request, scenario, "reject")
     rid = _release_id(form)
     cand = await _call(svc.store.get_candidate, name, rid)
     note = form.get("note") or f"rejected by {who.principal.name} in the dashboard"
@@ -450,9 +457,7 @@ async def reject(request: Request, scenario: str) -> Response:
 @router.post("/s/{scenario}/rollback")
 @page
 async def rollback(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
-    form = await checked_form(request, who)
-    who.principal.require_admin("rollback")
+    svc, _, name, form = await _admin_form(request, scenario, "rollback")
     release = await _call(svc.chain.rollback, name, _release_id(form))
     return _back(name, "releases", f"rolled back: {release.id} (seq {release.seq}) is the head")
 
@@ -461,9 +466,7 @@ async def rollback(request: Request, scenario: str) -> Response:
 @page
 async def evolve(request: Request, scenario: str) -> Response:
     """Ask the evolve worker to look at the scenario now (it trains when a batch is ready)."""
-    svc, who, name = _scoped(request, scenario)
-    await checked_form(request, who)
-    who.principal.require_admin("evolve")
+    svc, _, name, _ = await _admin_form(request, scenario, "evolve")
     if svc.evolver is None or not svc.evolver.notify(name):
         raise ServiceUnavailable(
             "no evolve worker runs on this server: start reef serve with reef.auto on",
