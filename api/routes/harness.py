@@ -29,8 +29,6 @@ from reef.wire import HarnessIn, JobOut, ReleaseOut, TrainIn
 router = APIRouter(tags=["harness"])
 
 ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
-PI_PACKAGE = "@mariozechner/pi-coding-agent"
-PI_VERSION = "0.73.1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +43,7 @@ class Agent:
 
 
 AGENTS = {
+    "pi": Agent("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi"),
     "codex": Agent("Codex", "@openai/codex", "0.171.0", "codex"),
     "claude-code": Agent("Claude Code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
     "opencode": Agent("opencode", "opencode-ai", "1.18.33", "opencode"),
@@ -111,34 +110,28 @@ async def install_script(
     max_tokens: Annotated[int | None, Query(ge=1)] = None,
 ) -> PlainTextResponse:
     svc, _, name = caller(request, scenario)
-    if adapter != "pi" and adapter not in AGENTS:
-        known = ", ".join(["pi", *AGENTS])
+    if adapter not in AGENTS:
         raise NotFound(
-            f"no installer for adapter '{adapter}' (there are: {known})", param="adapter"
+            f"no installer for adapter '{adapter}' (there are: {', '.join(AGENTS)})",
+            param="adapter",
         )
+    agent = AGENTS[adapter]
     values = {
         "REEF_URL": str(request.base_url).rstrip("/"),
         "SCENARIO": name,
         "MODEL": svc.serving.models()[0],
         "CONTEXT_WINDOW": str(context_window),
         "MAX_TOKENS": str(min(max_tokens or 1024, svc.settings.server.max_tokens_cap)),
+        "AGENT": adapter,
+        "PACKAGE": agent.package,
+        "VERSION": agent.version,
+        "BIN": agent.bin,
     }
-    if adapter == "pi":
-        values.update(PI_PACKAGE=PI_PACKAGE, PI_VERSION=PI_VERSION)
-        script = (ADAPTERS / "pi" / "install.sh").read_text()
-        script = script.replace(
-            "@REEF_PI_MJS@", (ADAPTERS / "pi" / "reef-pi.mjs").read_text().rstrip()
-        )
-    else:
-        agent = AGENTS[adapter]
-        values.update(AGENT=adapter, PACKAGE=agent.package, VERSION=agent.version, BIN=agent.bin)
-        folder = ADAPTERS / "agents"
-        script = (folder / "install.sh").read_text()
-        script = script.replace(
-            "@REEF_AGENT_MJS@", (folder / "reef-agent.mjs").read_text().rstrip()
-        )
-        script = script.replace("@WRAPPER@", (folder / f"{adapter}.sh").read_text().rstrip())
-        script = script.replace("@AGENT_NAME@", agent.name)
+    folder = ADAPTERS / "agents"
+    script = (folder / "install.sh").read_text()
+    script = script.replace("@REEF_AGENT_MJS@", (folder / "reef-agent.mjs").read_text().rstrip())
+    script = script.replace("@WRAPPER@", (folder / f"{adapter}.sh").read_text().rstrip())
+    script = script.replace("@AGENT_NAME@", agent.name)
     for key, value in values.items():  # they land in sh and JSON literals: nothing to escape
         if not _SHELL_SAFE.fullmatch(value):
             raise BadRequest(f"cannot write {key.lower()} '{value}' into an install script")

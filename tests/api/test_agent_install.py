@@ -27,6 +27,7 @@ FILES = {
     "prompts/review.md": "Review this change.\n",
 }
 PLACES = {
+    "pi": (".pi/agent/AGENTS.md", ".pi/agent/skills/cite/SKILL.md", ".pi/agent/prompts/review.md"),
     "codex": (".codex/AGENTS.md", ".codex/skills/cite/SKILL.md", ".codex/prompts/review.md"),
     "claude-code": (
         ".claude/CLAUDE.md",
@@ -93,6 +94,11 @@ def test_the_script_installs_the_harness_and_the_provider(
         (home / ".codex" / "config.toml").write_text(
             'model = "gpt-5"\n\n[tui]\nnotifications = true\n'
         )
+    if adapter == "pi":  # the user's other providers stay
+        (home / ".pi" / "agent").mkdir(parents=True)
+        (home / ".pi" / "agent" / "models.json").write_text(
+            json.dumps({"providers": {"other": {"baseUrl": "http://elsewhere/v1"}}})
+        )
     if adapter == "opencode":
         (home / ".config" / "opencode").mkdir(parents=True)
         (home / ".config" / "opencode" / "opencode.json").write_text(
@@ -115,6 +121,17 @@ def test_the_script_installs_the_harness_and_the_provider(
         profile = (home / ".codex" / "reef.config.toml").read_text()
         assert 'model_provider = "reef"' in profile and 'model = "tiny"' in profile
         assert "--profile reef" in wrapper
+    elif adapter == "pi":
+        models = json.loads((home / ".pi" / "agent" / "models.json").read_text())
+        assert models["providers"]["other"] == {"baseUrl": "http://elsewhere/v1"}
+        reef = models["providers"]["reef"]
+        assert reef["baseUrl"] == f"{server.url}/v1" and reef["apiKey"] == "REEF_API_KEY"
+        assert reef["headers"] == {
+            "x-reef-scenario": scenario,
+            "x-reef-session-id": "REEF_SESSION",
+        }
+        assert [m["id"] for m in reef["models"]] == ["tiny"]
+        assert '--provider reef --model "tiny"' in wrapper
     elif adapter == "opencode":
         config = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
         assert config["theme"] == "dark" and "other" in config["provider"]

@@ -98,7 +98,7 @@ def test_pi_installed_by_the_script_is_served_and_updated(
         params={"adapter": "pi", "scenario": S, "max_tokens": 16},
     )
     assert script.status_code == 200 and script.text.startswith("#!/bin/sh")
-    assert "REEF_API_KEY" in script.text and "Bearer" not in script.text.split("REEF_PI_MJS_END")[0]
+    assert "REEF_API_KEY" in script.text and "Bearer" not in script.text.split("REEF_AGENT_MJS_END")[0]
 
     out = _run(["sh", "-s"], home, project, stdin=script.text)
     assert f"installed release {first}" in out, out
@@ -174,7 +174,7 @@ def test_the_install_root_may_not_be_inside_the_project(
     script = httpx.get(
         f"{server.url}/reef/harness/install", params={"adapter": "pi", "scenario": S}
     )
-    env = {**os.environ, "HOME": str(tmp_path), "REEF_PI_ROOT": str(project / ".reef-pi")}
+    env = {**os.environ, "HOME": str(tmp_path), "REEF_AGENT_ROOT": str(project / ".reef-pi")}
     out = subprocess.run(
         ["sh", "-s"], input=script.text, capture_output=True, text=True, env=env, cwd=project
     )

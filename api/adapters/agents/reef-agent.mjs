@@ -23,6 +23,19 @@ const CONFIG_HOME = process.env.XDG_CONFIG_HOME || path.join(HOME, ".config");
 // Each agent's own places for Reef's harness tree (harness.json stays with Reef) and the file
 // that holds its Reef provider.
 const AGENTS = {
+  pi: () => {
+    const dir = process.env.PI_CODING_AGENT_DIR || path.join(HOME, ".pi", "agent");
+    return {
+      dir,
+      places: [
+        ["AGENTS.md", "AGENTS.md"],
+        ["skills/", "skills/"],
+        ["prompts/", "prompts/"],
+        ["extensions/", "extensions/"],
+      ],
+      configs: [{ file: path.join(dir, "models.json"), write: piProvider }],
+    };
+  },
   codex: () => {
     const dir = process.env.CODEX_HOME || path.join(HOME, ".codex");
     return {
@@ -114,6 +127,27 @@ function codexProvider(text) {
   const end = text.indexOf(END);
   if (start >= 0 && end > start) return text.slice(0, start) + block + text.slice(end + END.length + 1);
   return `${text}${text && !text.endsWith("\n") ? "\n" : ""}${text ? "\n" : ""}${block}`;
+}
+
+// pi's models.json keeps its other providers; pi reads the key and the session header from
+// the environment variables they name.
+function piProvider(text) {
+  let models = {};
+  try {
+    models = text ? JSON.parse(text) : {};
+  } catch {
+    throw new Error("pi's models.json is not JSON: fix or remove it, then rerun");
+  }
+  const reef = {
+    baseUrl: `${cfg.url}/v1`,
+    api: "openai-completions",
+    apiKey: "REEF_API_KEY",
+    headers: { "x-reef-scenario": cfg.scenario, "x-reef-session-id": "REEF_SESSION" },
+    compat: { supportsDeveloperRole: false, supportsReasoningEffort: false },
+    models: [{ id: cfg.model, contextWindow: cfg.context_window, maxTokens: cfg.max_tokens }],
+  };
+  models.providers = { ...(models.providers ?? {}), reef };
+  return `${JSON.stringify(models, null, 2)}\n`;
 }
 
 function opencodeEntry() {

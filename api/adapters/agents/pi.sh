@@ -1,0 +1,1 @@
+exec "$AGENT_BIN" --provider reef --model "$MODEL" "\$@"
