@@ -45,6 +45,9 @@ class Completion:
     # Generation-time top-K per completion token, {"k", "ids", "logprobs"} (Record.topk): the
     # K most likely ids under the raw distribution. The openclaw recipe's student set.
     topk: dict[str, Any] | None = None
+    # How the answer was sampled, when the engine knows (reef.engines.sampling.sampling_record):
+    # {"temperature", "top_p", "defaults": [the keys that came from the model's defaults]}.
+    sampling: dict[str, Any] | None = None
 
 
 @runtime_checkable

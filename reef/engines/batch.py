@@ -6,15 +6,24 @@ position ids (padding does not count), and the attention mask hides the padding.
 join (a freshly prefilled batch is merged in: the shorter cache gets more left padding) and
 leave (finished or cancelled rows are dropped, and columns that became padding in every row
 are trimmed), which is what lets requests enter and exit between decode steps.
+
+Each layer's keys and values live in a buffer with room for more columns (`_RoomyLayer`): a
+decode step writes its token into place. transformers' DynamicCache grows by `torch.cat`
+instead, copying the whole cache of every layer at every step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+# Spare columns a layer's buffer is given when it is (re)allocated: the cache is copied once
+# per ROOM decode steps rather than at each (and when rows join or leave, as before).
+ROOM = 128
 
 
 class Batch:
@@ -51,7 +60,7 @@ class Batch:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=DynamicCache(),
+            cache=_cache([]),
             use_cache=True,
             logits_to_keep=1,  # the prompt's other positions need no vocabulary projection
             **forward,
@@ -108,9 +117,54 @@ class Batch:
             ],
             dim=0,
         )
-        return Batch(
-            DynamicCache(ddp_cache_data=layers), mask, torch.cat([self.lengths, other.lengths])
-        )
+        return Batch(_cache(layers), mask, torch.cat([self.lengths, other.lengths]))
+
+
+class _RoomyLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values [rows, heads, cols, dim] are views of buffers with
+    spare columns on the right, where new tokens are written in place. The views hold the
+    same values DynamicLayer's tensors would, so attention reads exactly what it read before."""
+
+    _key_buffer: torch.Tensor | None = None
+    _value_buffer: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        used = self.get_seq_length()
+        end = used + key_states.shape[-2]
+        if (
+            self._key_buffer is None
+            or self._value_buffer is None
+            or end > self._key_buffer.shape[-2]
+        ):
+            self._key_buffer = _roomy(self.keys if used else None, key_states, end + ROOM)
+            self._value_buffer = _roomy(self.values if used else None, value_states, end + ROOM)
+        self._key_buffer[:, :, used:end] = key_states
+        self._value_buffer[:, :, used:end] = value_states
+        self.keys = self._key_buffer[:, :, :end]
+        self.values = self._value_buffer[:, :, :end]
+        self.device, self.is_initialized = key_states.device, True
+        return self.keys, self.values
+
+
+def _roomy(old: torch.Tensor | None, like: torch.Tensor, columns: int) -> torch.Tensor:
+    """A buffer of `columns` columns shaped and typed like `like`, starting with `old`'s."""
+    rows, heads, _, dim = like.shape
+    buffer = like.new_empty((rows, heads, columns, dim))
+    if old is not None:
+        buffer[:, :, : old.shape[-2]] = old
+    return buffer
+
+
+def _cache(layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A DynamicCache of `_RoomyLayer`s holding `layers`' keys and values (one per layer;
+    none: layers are added as the model's forward pass fills them)."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _RoomyLayer
+    for i, (keys, values) in enumerate(layers):
+        cache.update(keys, values, i)
+    return cache
 
 
 def _left_pad(states: torch.Tensor, n: int) -> torch.Tensor:
@@ -119,4 +173,4 @@ def _left_pad(states: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _map_cache(cache: DynamicCache, fn: Callable[[torch.Tensor], torch.Tensor]) -> DynamicCache:
-    return DynamicCache(ddp_cache_data=[(fn(k), fn(v)) for k, v, *_ in cache])
+    return _cache((fn(k), fn(v)) for k, v, *_ in cache)

@@ -39,6 +39,7 @@ import torch
 from reef.engines import tool_calls
 from reef.engines.base import VERIFY_MESSAGES, VERIFY_TOKENS, Completion
 from reef.engines.batch import Batch
+from reef.engines.defaults import generation_defaults, sampling_record, with_defaults
 from reef.engines.detokenize import Detokenizer, TokenText
 from reef.engines.prompt import ChatRenderer
 from reef.engines.response import ResponseBuilder, TokenEvent
@@ -79,7 +80,10 @@ class EmbeddedEngine:
         max_batch_size: int = 8,
         default_max_tokens: int = 256,
         threads: int | None = None,
+        sampling_defaults: dict[str, float] | None = None,
     ):
+        """`sampling_defaults`: what a request that leaves out temperature or top_p gets;
+        None: what the model's generation_config.json recommends (as vLLM does), {}: none."""
         if max_batch_size < 1 or default_max_tokens < 1:
             raise ConfigError("max_batch_size and default_max_tokens must be at least 1")
         self.model_dir = Path(model_dir)
@@ -87,6 +91,11 @@ class EmbeddedEngine:
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
         self.threads = threads
+        self.sampling_defaults = (
+            generation_defaults(self.model_dir)
+            if sampling_defaults is None
+            else dict(sampling_defaults)
+        )
         self.stats = EngineStats()
         self.max_context = 0
         # ---- set while loading (a worker thread), read-only afterwards
@@ -351,7 +360,8 @@ class EmbeddedEngine:
         if renderer is None:
             raise EngineUnavailable("the embedded engine is not running")
         self._variant(body.get("model"))  # an unknown name fails before any rendering
-        params = SamplingParams.from_body(body)
+        sampled, filled = with_defaults(body, self.sampling_defaults)
+        params = SamplingParams.from_body(sampled)
         render = partial(self._render, renderer, body, params.max_tokens)
         if _text_chars(body) <= INLINE_PROMPT_CHARS:
             count, prompt_ids = render()
@@ -367,7 +377,17 @@ class EmbeddedEngine:
         variant = self._variant(body.get("model"))
         detok = Detokenizer(self._tokenizer, params.stop)
         loop = asyncio.get_running_loop()
-        req = Request(prompt_ids, params, loop, detok, variant, check_finite=check_finite)
+        req = Request(
+            prompt_ids,
+            params,
+            loop,
+            detok,
+            variant,
+            check_finite=check_finite,
+            sampling=sampling_record(
+                {"temperature": params.temperature, "top_p": params.top_p}, filled
+            ),
+        )
         scheduler.submit(req)
         return req
 
@@ -437,6 +457,7 @@ class EmbeddedEngine:
             logprobs=req.params.logprobs,
             return_token_ids=bool(body.get("return_token_ids")),
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            sampling=req.sampling,
         )
 
     @staticmethod

@@ -43,6 +43,7 @@ class ResponseBuilder:
         logprobs: bool,
         return_token_ids: bool,
         include_usage: bool,
+        sampling: dict[str, Any] | None = None,
     ):
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -51,6 +52,7 @@ class ResponseBuilder:
         self.logprobs = logprobs
         self.return_token_ids = return_token_ids
         self.include_usage = include_usage
+        self.sampling = sampling
         self.text_parts: list[str] = []
         self.token_ids: list[int] = []
         self.token_logprobs: list[float] = []
@@ -163,4 +165,5 @@ class ResponseBuilder:
             topk=None
             if self.topk_ids is None
             else {"k": CAPTURE_TOPK, "ids": self.topk_ids, "logprobs": self.topk_logprobs},
+            sampling=self.sampling,
         )

@@ -31,7 +31,8 @@ class SamplingParams:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> SamplingParams:
-        """Read an OpenAI chat-completions body; BadRequest for what this engine cannot serve."""
+        """Read an OpenAI chat-completions body (the model's defaults already filled in, see
+        `with_defaults`); BadRequest for what this engine cannot serve."""
         n = body.get("n")
         if n is not None and n != 1:
             raise BadRequest(
@@ -128,15 +129,15 @@ def sample_rows(
     """
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)
-    chosen: list[int] = []
+    # Greedy rows in one argmax over the batch; sampled rows one by one (each its own stream).
+    chosen: list[int] = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.temperature < GREEDY_BELOW:
-            chosen.append(int(torch.argmax(logits[i])))
             continue
         probs = torch.softmax(logits[i] / p.temperature, dim=-1)
         if p.top_p < 1:
             probs = _top_p(probs, p.top_p)
-        chosen.append(int(torch.multinomial(probs, 1, generator=generators[i])))
+        chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
 
     index = torch.tensor(chosen).unsqueeze(1)
     picked = raw_logprobs.gather(1, index).squeeze(1).tolist()

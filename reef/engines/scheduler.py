@@ -102,9 +102,11 @@ class Request:
         variant: Variant,
         *,
         check_finite: bool = False,
+        sampling: dict[str, Any] | None = None,
     ):
         self.prompt_ids = prompt_ids
         self.params = params
+        self.sampling = sampling  # what the record keeps of it (Completion.sampling)
         self.loop = loop
         self.variant = variant  # fixed at submission: loads and unloads do not move a request
         self.check_finite = check_finite  # fail the request on NaN/inf logits (verify)
@@ -415,6 +417,7 @@ class Scheduler:
         picks = sample_rows(logits, [r.params for r in rows], [r.generator for r in rows])
         now = time.monotonic()
         keep = []
+        events: list[tuple[Request, TokenEvent]] = []
         for i, (r, pick) in enumerate(zip(rows, picks, strict=True)):
             if r.cancelled:
                 self._drop(r)
@@ -441,7 +444,10 @@ class Scheduler:
             else:
                 self._leave(r)
                 self.stats.finished += 1
-            r.post(TokenEvent(text, pick.token_id, pick.logprob, entry, finish, pick.capture))
+            events.append(
+                (r, TokenEvent(text, pick.token_id, pick.logprob, entry, finish, pick.capture))
+            )
+        _post_all(events)
         return keep
 
     def _logprob_entry(self, pick: Sampled) -> dict[str, Any]:
@@ -570,6 +576,27 @@ class Scheduler:
                 log.exception("embedded engine: unloading %s failed", variant.name)
                 _settle(freed, error=EngineError(f"unloading '{variant.name}' failed: {exc}"))
         self._retiring = still
+
+
+def _post_all(events: list[tuple[Request, TokenEvent]]) -> None:
+    """Send a step's tokens with one wake-up per event loop rather than one per row: on a
+    machine with as many cores as torch has threads, each wake-up of the loop takes a core
+    from the next forward pass."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Request, TokenEvent]]] = {}
+    for r, event in events:
+        by_loop.setdefault(r.loop, []).append((r, event))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            for r, _ in items:
+                r.cancelled = True
+
+
+def _deliver(items: list[tuple[Request, TokenEvent]]) -> None:
+    """On the event loop: each token to its request's queue, in order."""
+    for r, event in items:
+        r.events.put_nowait(event)
 
 
 def _settle(done: Future[Any], result: Any = None, error: Exception | None = None) -> None:

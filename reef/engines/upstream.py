@@ -27,6 +27,7 @@ import orjson
 
 from reef.engines.base import CAPTURE_TOPK, Completion
 from reef.engines.chunks import assemble
+from reef.engines.defaults import sampling_record, with_defaults
 from reef.engines.http_client import ConnectionPool
 from reef.errors import UpstreamError, UpstreamRejected
 
@@ -61,6 +62,7 @@ class UpstreamEngine:
         default_max_tokens: int | None = None,
         serves_responses: bool = False,
         capture_topk: bool = False,
+        sampling_defaults: dict[str, float] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         # The upstream serves the Responses API itself: /v1/responses bodies go to it unchanged
@@ -73,6 +75,9 @@ class UpstreamEngine:
         # (return_tokens_as_token_ids) other upstreams refuse, so only the vLLM engine sets it.
         self.capture_topk = capture_tokens and capture_topk
         self.default_max_tokens = default_max_tokens
+        # Filled into a request that leaves them out (None: nothing is; the upstream applies
+        # its own defaults, as vLLM applies the model's generation_config).
+        self.sampling_defaults = dict(sampling_defaults or {})
         self._api_key = api_key
         self._max_connections = max_connections
         self._ssl_context = ssl_context
@@ -102,6 +107,7 @@ class UpstreamEngine:
             capture_tokens=settings.upstream_capture_tokens,
             default_max_tokens=default_max_tokens or settings.default_max_tokens,
             serves_responses=settings.upstream_responses,
+            sampling_defaults=settings.sampling_defaults,
         )
 
     # Engine protocol
@@ -159,6 +165,7 @@ class UpstreamEngine:
             logprobs=logprobs,
             timings={"total_ms": (time.perf_counter() - t0) * 1e3},
             topk=topk,
+            sampling=self._sampling(body),
         )
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
@@ -257,6 +264,7 @@ class UpstreamEngine:
             logprobs=logprobs,
             timings=timings,
             topk=_topk_capture({"content": capture_entries}) if capture_entries else None,
+            sampling=self._sampling(body),
         )
 
     # the Responses API, passed through (serves_responses)
@@ -378,7 +386,7 @@ class UpstreamEngine:
 
     def _payload(self, body: dict[str, Any], *, stream: bool) -> bytes:
         # A shallow copy: the caller's body stays what the client sent (it is recorded).
-        out = dict(body)
+        out = dict(with_defaults(body, self.sampling_defaults)[0])
         model = self._wire_model(body)
         if model is not None:
             out["model"] = model
@@ -406,6 +414,10 @@ class UpstreamEngine:
             if stream:
                 out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
         return orjson.dumps(out)
+
+    def _sampling(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Completion.sampling: what was sent (None where the upstream's default applied)."""
+        return sampling_record(*with_defaults(body, self.sampling_defaults))
 
     def _wire_model(self, body: dict[str, Any]) -> str | None:
         """The model name sent upstream (None: the client's, unchanged)."""

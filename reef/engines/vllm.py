@@ -243,6 +243,7 @@ class VllmEngine(UpstreamEngine):
         admin_timeout_s: float = 300.0,
         api_key: str | None = None,
         default_max_tokens: int | None = None,
+        sampling_defaults: dict[str, float] | None = None,
     ):
         super().__init__(
             url.rstrip("/") + "/v1",
@@ -252,6 +253,7 @@ class VllmEngine(UpstreamEngine):
             capture_topk=True,
             api_key=api_key,
             default_max_tokens=default_max_tokens,
+            sampling_defaults=sampling_defaults,
         )
         self.root_url = url.rstrip("/")
         self.model_dir = model_dir
@@ -306,6 +308,7 @@ class VllmEngine(UpstreamEngine):
             timeout_s=settings.upstream_timeout_s,
             api_key=key,
             default_max_tokens=default_max_tokens or settings.default_max_tokens,
+            sampling_defaults=settings.sampling_defaults,
         )
 
     # Engine

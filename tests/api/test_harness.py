@@ -59,7 +59,7 @@ def _call(server: InProcessReef, scenario: str) -> tuple[dict, str]:
 
 def test_a_harness_release_is_served_and_injected(server: InProcessReef, scenario: str) -> None:
     plain, base_release = _call(server, scenario)
-    assert not any(k.startswith("reef.") for k in plain["tags"])
+    assert not any(k.startswith("reef.harness") or k == "reef.system" for k in plain["tags"])
     empty = _harness(server, scenario)
     assert empty["content_hash"] is None and empty["files"] == []
 

@@ -51,6 +51,11 @@ def test_create_returns_receipt_and_record_keeps_tokens(
     assert len(record["logprobs"]) == len(record["completion_token_ids"])
     assert all(lp <= 0 for lp in record["logprobs"])
     assert len(record["prompt_token_ids"]) == completion.usage.prompt_tokens
+    # the generation-time top-4 per token (greedy: the chosen token is the first of them)
+    topk = record["topk"]
+    assert topk["k"] == 4 and len(topk["ids"]) == len(topk["logprobs"]) == len(record["logprobs"])
+    assert [ids[0] for ids in topk["ids"]] == record["completion_token_ids"]
+    assert all(row == sorted(row, reverse=True) for row in topk["logprobs"])
 
     scenario_info = httpx.get(f"{server.url}/reef/scenarios/{scenario}").json()
     assert scenario_info["head_release_id"] == release
@@ -131,7 +136,14 @@ def test_tags_headers_are_stored(server: InProcessReef, scenario: str) -> None:
     )
     receipt = raw.headers["x-reef-agent-record-id"]
     record = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records/{receipt}").json()
-    assert record["tags"] == {"user": "alice", "experiment": "b"}
+    # Besides the client's tags, the server's: the sampling values used (the tiny model
+    # recommends none, so the request's own defaults).
+    assert record["tags"] == {
+        "user": "alice",
+        "experiment": "b",
+        "reef.temperature": "1.0",
+        "reef.top_p": "1.0",
+    }
 
 
 def test_unknown_model_is_404_and_records_nothing(server: InProcessReef, scenario: str) -> None:

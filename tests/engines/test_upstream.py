@@ -679,3 +679,25 @@ def test_assemble_several_choices_reasoning_and_empty() -> None:
     assert "usage" not in out
     empty = assemble([])
     assert empty["choices"] == [] and empty["object"] == "chat.completion"
+
+
+def test_sampling_defaults_fill_a_request_that_names_none(echo_url: str) -> None:
+    """engine.sampling_defaults: sent for a request naming no sampling parameter, and named on
+    the Completion; a request naming one goes as it is. Unset, nothing is added."""
+
+    async def go(engine: UpstreamEngine) -> list[Completion]:
+        return [
+            await engine.complete(chat(echo_upstream={"reflect": True})),
+            await engine.complete(chat(temperature=0.7, echo_upstream={"reflect": True})),
+        ]
+
+    defaulted, named = run(with_engine(echo_url, go, sampling_defaults={"temperature": 0.2}))
+    assert defaulted.response["echo_request"]["body"]["temperature"] == 0.2
+    assert "top_p" not in defaulted.response["echo_request"]["body"]
+    assert defaulted.sampling == {"temperature": 0.2, "top_p": None, "defaults": ["temperature"]}
+    assert named.response["echo_request"]["body"]["temperature"] == 0.7
+    assert named.sampling == {"temperature": 0.7, "top_p": None, "defaults": []}
+
+    plain, _ = run(with_engine(echo_url, go))
+    assert "temperature" not in plain.response["echo_request"]["body"]
+    assert plain.sampling == {"temperature": None, "top_p": None, "defaults": []}

@@ -125,6 +125,13 @@ def test_vllm_records_carry_token_ids_and_logprobs(reef: ReefServer) -> None:
     ).json()
     assert len(rec["completion_token_ids"]) == len(rec["logprobs"]) == 6
     assert rec["prompt_token_ids"] and all(lp <= 0 for lp in rec["logprobs"])
+    # vLLM's generation-time top-4 per token (the openclaw recipe's capture), asked of vLLM
+    # and kept for the record only: greedy, the chosen token leads each row
+    topk = rec["topk"]
+    assert topk["k"] == 4 and len(topk["ids"]) == len(topk["logprobs"]) == 6
+    assert all(len(row) == 4 for row in topk["ids"])
+    assert [row[0] for row in topk["ids"]] == rec["completion_token_ids"]
+    assert [row[0] for row in topk["logprobs"]] == pytest.approx(rec["logprobs"], abs=1e-4)
 
     # a stream is recorded with the same tokens
     with client.chat.completions.with_streaming_response.create(
@@ -138,6 +145,7 @@ def test_vllm_records_carry_token_ids_and_logprobs(reef: ReefServer) -> None:
         streamed = resp.headers["x-reef-agent-record-id"]
     srec = httpx.get(f"{reef.url}/reef/scenarios/default/records/{streamed}").json()
     assert srec["completion_token_ids"] == rec["completion_token_ids"]
+    assert srec["topk"]["ids"] == topk["ids"]
     assert text == answer.choices[0].message.content
 
     # vLLM's refusal becomes an OpenAI-style error with vLLM's status and message
