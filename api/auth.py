@@ -79,6 +79,11 @@ class Authenticator:
             )
         return self.check(token)
 
+    def known(self, token_sha256: str) -> Principal | None:
+        """The principal of the configured token with this digest, if it is configured now
+        (a dashboard session names its token by digest)."""
+        return self._by_hash.get(token_sha256)
+
     def check(self, token: str) -> Principal:
         """The principal a token stands for (the dashboard's sign-in asks this too)."""
         if not self._by_hash:

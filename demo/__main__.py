@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 from demo.app import Answer, App
-from demo.curve import Step, log_mlflow, plot, table
+from demo.curve import Step, log_mlflow, plot, save_figures, table
 from demo.preference import HELD_OUT, HELD_OUT_KEYS, SYSTEM_PROMPT, TRAIN, correct, messages
 from demo.server import Server
 
@@ -273,6 +273,8 @@ def run(
         },
     )
     clock.say(f"MLflow: run {run_id} 'demo' in experiment reef/{SCENARIO} ({server.tracking_uri})")
+    saved = save_figures(state_dir / "artifacts", SCENARIO, steps, "python -m demo")
+    clock.say(f"dashboard figures: {', '.join(saved)} (the learning page of {SCENARIO})")
     return steps
 
 

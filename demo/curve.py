@@ -84,6 +84,31 @@ def plot(steps: list[Step], path: Path, *, target: float, title: str) -> Path:
     return path
 
 
+def save_figures(artifacts_dir: Path, scenario: str, steps: list[Step], source: str) -> list[str]:
+    """The held-out pass rate (and correctness, when measured) per release as figures of the
+    scenario in the server's artifact store (reef.figures), which the dashboard's learning
+    page plots. A round whose candidate was refused measured the head it kept: its point
+    lands on that release again, the latest measurement winning."""
+    from reef.artifacts import open_artifacts
+    from reef.figures import Figure, Point, save_figure
+
+    artifacts = open_artifacts(artifacts_dir)
+    figures = [
+        Figure(
+            "held-out-pass-rate",
+            "held-out pass rate",
+            source,
+            tuple(Point(s.release_id, s.pass_rate) for s in steps),
+        )
+    ]
+    correct = tuple(
+        Point(s.release_id, s.correct / s.asked) for s in steps if s.correct is not None
+    )
+    if correct:
+        figures.append(Figure("held-out-correct", "held-out answers correct", source, correct))
+    return [save_figure(artifacts, scenario, f) for f in figures]
+
+
 def log_mlflow(
     tracking_uri: str,
     artifact_location: str,

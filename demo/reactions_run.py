@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from demo.curve import Step, log_mlflow, plot, table
+from demo.curve import Step, log_mlflow, plot, save_figures, table
 from demo.reactions import messages, passes, questions, react
 from demo.server import Server
 
@@ -175,6 +175,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
         {"recipe": "openclaw", "sessions": args.sessions, "lr": args.lr, "batch": args.batch},
     )
     say(f"curve {png}; MLflow run {run_id} in experiment reef/{SCENARIO}")
+    save_figures(state_dir / "artifacts", SCENARIO, steps, "python -m demo.reactions_run")
     return steps
 
 

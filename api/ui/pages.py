@@ -33,11 +33,12 @@ from api.ui.signin import (
     Viewer,
     checked_form,
     read_form,
-    sessions,
     sign_in,
+    sign_out,
     viewer,
 )
 from reef.errors import BadRequest, NotFound, ReefError, ServiceUnavailable
+from reef.figures import load_figures
 from reef.readiness import Readiness
 from reef.readiness import readiness as compute_readiness
 from reef.records import Candidate, Release
@@ -91,9 +92,9 @@ def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTML
 _NO_STORE = {"cache-control": "no-store"}
 
 
-def _scoped(request: Request, scenario: str) -> tuple[Services, Viewer, str]:
+async def _scoped(request: Request, scenario: str) -> tuple[Services, Viewer, str]:
     svc = services(request)
-    who = viewer(request)
+    who = await viewer(request)
     check_scenario_name(scenario)
     who.principal.require(scenario)
     return svc, who, scenario
@@ -104,7 +105,7 @@ async def _admin_form(
 ) -> tuple[Services, Viewer, str, dict[str, str]]:
     """The one guard of every admin action: the scenario in scope, the form's CSRF token, an
     admin principal. Returns (services, viewer, scenario, form)."""
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     form = await checked_form(request, who)
     who.principal.require_admin(action)
     return svc, who, name, form
@@ -148,9 +149,9 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 @page
 async def logout(request: Request) -> Response:
-    who = viewer(request)
+    who = await viewer(request)
     await checked_form(request, who)
-    sessions(request).close(request.cookies.get(COOKIE))
+    await _call(sign_out, request)
     resp = RedirectResponse("/ui/login", status_code=303)
     resp.delete_cookie(COOKIE, path="/ui")
     return resp
@@ -169,7 +170,7 @@ def _safe_next(target: str) -> str:
 @page
 async def overview(request: Request) -> Response:
     svc = services(request)
-    who = viewer(request)
+    who = await viewer(request)
     scenarios = await _call(svc.store.list_scenarios)
     rows = [await _call(_summary, svc, s.name) for s in scenarios if who.principal.may_use(s.name)]
     return _render(request, "overview.html", who, rows=rows, loop=svc.settings.reef)
@@ -201,7 +202,7 @@ async def readiness(request: Request, scenario: str) -> Response:
     """Eligible samples vs the batch size: a fragment the overview loads after it renders.
     Collecting experience reads every reported record (seconds at 10k reports), so the page
     never waits on it, and an answer is reused for READINESS_TTL_S across viewers."""
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     recent: dict[str, tuple[float, Readiness]] = request.app.state.ui_readiness
     cached = recent.get(name)
     if cached is not None and time.monotonic() - cached[0] < READINESS_TTL_S:
@@ -221,7 +222,7 @@ async def scenario_home(scenario: str) -> Response:
 @router.get("/s/{scenario}/records")
 @page
 async def records(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     q = request.query_params
     flt = RecordFilter(
         release_id=q.get("release") or None,
@@ -236,6 +237,13 @@ async def records(request: Request, scenario: str) -> Response:
     await _call(svc.store.get_scenario, name)  # 404 for an unknown scenario
     got = await _call(svc.browse.records, name, flt, q.get("before") or None, PAGE_SIZE)
     chain = await _call(svc.store.list_releases, name)
+    # What retention moved out of the database (reef.retention): counted from its manifest,
+    # shown on the last page, where the database's records end.
+    archived = None
+    if not got.next_before and svc.settings.store.retention_days is not None:
+        from reef.retention import archived_counts
+
+        archived = await _call(archived_counts, svc.artifacts, name)
     keep = {k: v for k, v in q.items() if k != "before" and v}
     next_url = None
     if got.next_before:
@@ -263,6 +271,8 @@ async def records(request: Request, scenario: str) -> Response:
         window_end=got.window_end,
         window=svc.browse.window,
         first_url="?" + urlencode(keep) if q.get("before") else None,
+        archived=archived,
+        retention_days=svc.settings.store.retention_days,
     )
 
 
@@ -289,7 +299,7 @@ def _time(value: str | None, param: str) -> datetime | None:
 @router.get("/s/{scenario}/records/{record_id}")
 @page
 async def record(request: Request, scenario: str, record_id: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     r = await _call(svc.store.get_record, name, record_id)
     if r.session_id:
         url = f"/ui/s/{quote(name)}/sessions/{quote(r.session_id)}#{quote(r.id)}"
@@ -300,7 +310,7 @@ async def record(request: Request, scenario: str, record_id: str) -> Response:
 @router.get("/s/{scenario}/sessions/{session_id}")
 @page
 async def session(request: Request, scenario: str, session_id: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     chain = await _call(svc.store.session_records, name, session_id, 1000)
     if not chain:
         raise NotFound(f"no session '{session_id}' in scenario '{name}'")
@@ -331,7 +341,7 @@ async def _transcript(
 @router.get("/s/{scenario}/releases")
 @page
 async def releases(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     scen = await _call(svc.store.get_scenario, name)
     chain = await _call(svc.store.list_releases, name)
     scores = await _call(svc.browse.release_scores, name)
@@ -341,6 +351,7 @@ async def releases(request: Request, scenario: str) -> Response:
             "gate": views.gate_numbers(r.gate),
             "score": scores.get(r.id),
             "mlflow": _mlflow_link(svc, r.model_uri),
+            "flow_run": _flow_run_link(svc, r.metadata.get("flow_run_id")),
             "approval": r.metadata.get("approval"),
             "source": r.metadata.get("source_release_id"),
             "harness": isinstance(r.metadata.get("harness"), dict),
@@ -369,11 +380,20 @@ def _mlflow_link(svc: Services, model_uri: str | None) -> str | None:
     return f"{tracking.rstrip('/')}/#/models/{quote(model)}/versions/{quote(version)}"
 
 
+def _flow_run_link(svc: Services, run_id: Any) -> str | None:
+    """The Prefect UI page of the flow run that made a release, when the UI's address is
+    known (Settings.prefect_ui_url)."""
+    ui = svc.settings.prefect_ui_url
+    if not ui or not isinstance(run_id, str) or not run_id:
+        return None
+    return f"{ui}/runs/flow-run/{quote(run_id)}"
+
+
 @router.get("/s/{scenario}/diff/{release_id}")
 @page
 async def harness_diff(request: Request, scenario: str, release_id: str) -> Response:
     """A harness release's (or candidate's) files against its parent's."""
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     release, candidate = await _call(_release_or_candidate, svc, name, release_id)
     parent = None
     if release.parent_id:
@@ -408,7 +428,7 @@ def _release_or_candidate(
 @router.get("/s/{scenario}/candidates")
 @page
 async def candidates(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     await _call(svc.store.get_scenario, name)
     rows = await _call(svc.store.list_candidates, name)
     chain = {r.id: r for r in await _call(svc.store.list_releases, name)}
@@ -418,6 +438,7 @@ async def candidates(request: Request, scenario: str) -> Response:
             "gate": views.gate_numbers(c.gate),
             "approval": chain[c.id].metadata.get("approval") if c.id in chain else None,
             "mlflow": _mlflow_link(svc, c.model_uri),
+            "flow_run": _flow_run_link(svc, c.metadata.get("flow_run_id")),
         }
         for c in rows
     ]
@@ -492,10 +513,16 @@ def _back(name: str, tab: str, message: str) -> Response:
 @router.get("/s/{scenario}/curves")
 @page
 async def curves(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     chain = await _call(svc.store.list_releases, name)
     scores = await _call(svc.browse.release_scores, name)
+    try:
+        figures, problems = await _call(load_figures, svc.artifacts, name)
+    except ReefError as e:  # the artifact store is down: the page still shows the chain's
+        figures, problems = [], [f"demo figures unavailable: {e.message}"]
     series = views.curve(chain, scores)
+    extra = views.figure_series(chain, figures)
+    figures_shown = [x for x in extra if x["key"].startswith("figure:")]
     return _render(
         request,
         "curves.html",
@@ -503,6 +530,16 @@ async def curves(request: Request, scenario: str) -> Response:
         scenario=name,
         tab="curves",
         series=series,
+        extra={"seq": series["seq"], "series": extra},
+        figures=figures_shown,
+        figure_rows=[
+            (r, values)
+            for r, values in reversed(
+                [(r, [f["values"][i] for f in figures_shown]) for i, r in enumerate(chain)]
+            )
+            if any(v is not None for v in values)
+        ],
+        problems=problems,
         rows=list(zip(chain, [scores.get(r.id) for r in chain], strict=True)),
     )
 
@@ -511,7 +548,7 @@ async def curves(request: Request, scenario: str) -> Response:
 @router.get("/s/{scenario}/jobs")
 @page
 async def jobs(request: Request, scenario: str) -> Response:
-    svc, who, name = _scoped(request, scenario)
+    svc, who, name = await _scoped(request, scenario)
     await _call(svc.store.get_scenario, name)
     found = await _call(svc.browse.jobs, name)
     runs = await _call(svc.store.list_candidates, name)

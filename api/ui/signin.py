@@ -2,7 +2,8 @@
 
 Why a server-side session rather than the token in a cookie: the cookie then carries nothing
 that works anywhere else (the API takes bearer tokens only), and signing out ends it. Sessions
-live in this process (a restart signs everyone out) and last `TTL`.
+live in the database (reef.store.ui_sessions: why there and not in a signed cookie), so every
+replica on it knows them and a sign-out on one ends the session on all; they last `TTL_S`.
 
 The cookie is HttpOnly (no script reads it) and SameSite=Strict (no other site's page makes
 the browser send it). Every state-changing form carries the session's CSRF token as well,
@@ -13,16 +14,14 @@ carry a per-process CSRF token.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import secrets
-import threading
-import time
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
-from api.auth import Principal
+from api.auth import Principal, hash_token
 from api.services import services
 from reef.errors import (
     BadRequest,
@@ -52,61 +51,24 @@ class Viewer:
     signed_in: bool  # False in no-token mode (nothing to sign out of)
 
 
-@dataclass
-class _Session:
-    principal: Principal
-    csrf: str
-    expires: float
-
-
-class Sessions:
-    """The dashboard's sessions of one process: opaque id -> principal and CSRF token."""
-
-    def __init__(self) -> None:
-        self._by_id: dict[str, _Session] = {}
-        self._lock = threading.Lock()
-        # the CSRF token of no-token mode: per process, unknown to any other page
-        self.anonymous_csrf = secrets.token_urlsafe(32)
-
-    def open(self, principal: Principal) -> str:
-        sid = secrets.token_urlsafe(32)
-        now = time.monotonic()
-        with self._lock:
-            self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}
-            self._by_id[sid] = _Session(principal, secrets.token_urlsafe(32), now + TTL_S)
-        return sid
-
-    def get(self, sid: str | None) -> _Session | None:
-        if not sid:
-            return None
-        with self._lock:
-            session = self._by_id.get(sid)
-        if session is None or session.expires <= time.monotonic():
-            return None
-        return session
-
-    def close(self, sid: str | None) -> None:
-        if sid:
-            with self._lock:
-                self._by_id.pop(sid, None)
-
-
-def sessions(request: Request) -> Sessions:
-    found: Sessions = request.app.state.ui_sessions
+def anonymous_csrf(request: Request) -> str:
+    """The CSRF token of no-token mode: per process, unknown to any other page."""
+    found: str = request.app.state.ui_anonymous_csrf
     return found
 
 
-def viewer(request: Request) -> Viewer:
-    """The page's viewer: in no-token mode the anonymous admin; else the cookie's session, or
-    SignInRequired."""
+async def viewer(request: Request) -> Viewer:
+    """The page's viewer: in no-token mode the anonymous admin; else the cookie's session (a
+    database lookup, in a worker thread), or SignInRequired."""
     svc = services(request)
-    store = sessions(request)
     if not svc.auth.enabled:
-        return Viewer(svc.auth.principal(request), store.anonymous_csrf, signed_in=False)
-    session = store.get(request.cookies.get(COOKIE))
-    if session is None:
+        return Viewer(svc.auth.principal(request), anonymous_csrf(request), signed_in=False)
+    session = await asyncio.to_thread(svc.ui_sessions.get, request.cookies.get(COOKIE))
+    # a session whose token is no longer configured (here) signs nobody in
+    principal = svc.auth.known(session.token_sha256) if session is not None else None
+    if session is None or principal is None:
         raise SignInRequired("sign in with a Reef token to see the dashboard")
-    return Viewer(session.principal, session.csrf, signed_in=True)
+    return Viewer(principal, session.csrf, signed_in=True)
 
 
 async def read_form(request: Request) -> dict[str, str]:
@@ -138,5 +100,11 @@ def sign_in(request: Request, token: str) -> str:
     """A new session id for `token`'s principal; Unauthorized for an unknown token."""
     if not token.strip():
         raise BadRequest("enter a Reef token", param="token")
-    principal = services(request).auth.check(token.strip())
-    return sessions(request).open(principal)
+    svc = services(request)
+    svc.auth.check(token.strip())  # Unauthorized unless configured
+    return svc.ui_sessions.open(hash_token(token.strip()), TTL_S)
+
+
+def sign_out(request: Request) -> None:
+    """End the request's session, on every replica."""
+    services(request).ui_sessions.close(request.cookies.get(COOKIE))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from reef.figures import Figure
 from reef.records import Record, Release, Report, utcnow
 from reef.store.browse import ScoreStats
 
@@ -194,8 +195,8 @@ def gate_numbers(gate: dict[str, Any]) -> dict[str, Any]:
 
 
 def curve(chain: list[Release], scores: dict[str, ScoreStats]) -> dict[str, list[Any]]:
-    """Chart series per release, oldest first: mean reported score with its interval, the
-    gate's held-out means (candidate), and numeric eval metrics when present."""
+    """Chart series per release, oldest first: mean reported score with its interval and the
+    gate's held-out means (candidate). Other figures per release: `figure_series`."""
     out: dict[str, list[Any]] = {
         "seq": [],
         "label": [],
@@ -215,6 +216,36 @@ def curve(chain: list[Release], scores: dict[str, ScoreStats]) -> dict[str, list
         out["n"].append(0 if s is None else s.n)
         held = r.gate.get("mean_candidate")
         out["gate"].append(round(float(held), 4) if isinstance(held, int | float) else None)
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def figure_series(
+    chain: list[Release], figures: list[Figure], max_metrics: int = 40
+) -> list[dict[str, Any]]:
+    """The second chart's series per release, oldest first (aligned with `curve`): the demo
+    and bench figures measured outside Reef (reef.figures) first, then every numeric metric
+    the releases recorded when registered (training loss, tttd's best verified score, the
+    gate's numbers...). None where a release has no value."""
+    index = {r.id: i for i, r in enumerate(chain)}
+    out: list[dict[str, Any]] = []
+    for f in figures:
+        values: list[float | None] = [None] * len(chain)
+        for p in f.points:
+            if p.release_id in index:
+                values[index[p.release_id]] = round(p.value, 6)
+        off = sum(1 for p in f.points if p.release_id not in index)
+        out.append(
+            {"name": f.title, "key": f"figure:{f.name}", "source": f.source, "values": values}
+            | ({"off_chain": off} if off else {})
+        )
+    keys = sorted({k for r in chain for k, v in r.metrics.items() if _finite(v)})
+    for k in keys[:max_metrics]:
+        vals = [round(float(r.metrics[k]), 6) if _finite(r.metrics.get(k)) else None for r in chain]
+        out.append({"name": k, "key": f"metric:{k}", "source": "release metrics", "values": vals})
     return out
 
 

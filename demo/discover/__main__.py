@@ -1,14 +1,18 @@
 """`python -m demo.discover`: TTT-Discover on circle packing through Reef's live inference.
 
     .venv/bin/python -m demo.discover [--n 5] [--groups 2] [--rollouts 4] [--steps 2]
-        [--arms ttt,search,random] [--model smollm2] [--docs] [--json]
+        [--arms ttt,search,random] [--model smollm2] [--archive-store DIR|s3://bucket/prefix]
+        [--state-dir DIR] [--docs] [--json]
 
 Starts `reef serve` (its evolve worker on, recipe `tttd`, batch = one G×R grid) and runs each
 arm in its own scenario at the same rollout budget (steps × G × R): "ttt" reports every
 verified score and waits for each step's LoRA release; "search" runs the same PUCT on the
 frozen model; "random" samples every rollout from the seeded baseline. Prints one table row
 per step and arm, writes discover.png (best archive score, mean rollout reward, KL to base)
-and summary.json in the state dir; with --json, one JSON line per step as it finishes.
+and summary.json in the state dir; with --json, one JSON line per step as it finishes. Each
+arm's archive, best program and step log are saved after every step in its directory and in
+the artifact store (`discover/<scenario>/`): run again with the same --state-dir, or on
+another machine with the same --archive-store, and it resumes from the last step done.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from demo.discover.harness import Config, Reef, StepResult, discover
+from demo.discover.harness import ArchiveStore, Config, Reef, StepResult, discover
 from demo.discover.sandbox import Limits
 from demo.server import Server
+from reef.artifacts import open_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 ARMS = ("ttt", "search", "random")
@@ -112,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--engine", default="embedded", choices=["embedded", "vllm"])
     p.add_argument("--state-dir", type=Path, help="default: .reef-demo/discover-<timestamp>")
+    p.add_argument(
+        "--archive-store",
+        help="where each arm's archive is saved besides its directory, for resuming elsewhere: "
+        "a directory or s3://bucket/prefix (default: the server's artifact store)",
+    )
+    p.add_argument("--s3-endpoint-url", help="an S3-compatible server for --archive-store")
     p.add_argument("--docs", action="store_true", help="also write docs/discover.png")
     p.add_argument("--json", action="store_true", help="one JSON line per finished step")
     args = p.parse_args(argv)
@@ -151,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs: dict[str, list[StepResult]] = {}
     baseline = 0.0
+    artifacts = open_artifacts(
+        args.archive_store or state_dir / "reef" / "artifacts", endpoint_url=args.s3_endpoint_url
+    )
 
     def check() -> None:
         if "evolve failed" in server.log():
@@ -170,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     last = json.loads((arm_dir / "steps.jsonl").read_text().splitlines()[-1])
                     print(json.dumps({"arm": arm, **last}), flush=True)
 
+            store = ArchiveStore(artifacts, reef.scenario)
             try:
-                runs[arm] = discover(reef, arm_cfg, arm_dir, step_line, check)
+                runs[arm] = discover(reef, arm_cfg, arm_dir, step_line, check, store)
             finally:
                 reef.close()
             baseline = json.loads((arm_dir / "archive.json").read_text())["states"][0]["reward"]

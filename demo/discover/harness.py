@@ -30,6 +30,8 @@ from demo.discover.archive import Archive, State
 from demo.discover.packing import Judged, baseline, judge, prompt
 from demo.discover.sandbox import Limits
 from recipes.tttd.grid import grid_metadata
+from reef.artifacts import ArtifactStore
+from reef.errors import NotFound
 
 Mode = Literal["ttt", "search", "random"]
 
@@ -157,14 +159,68 @@ def _parents(archive: Archive, cfg: Config) -> list[State]:
     return archive.select(cfg.groups)
 
 
-def save(archive: Archive, state_dir: Path, results: list[StepResult]) -> None:
+class ArchiveStore:
+    """A discovery's resume point in an artifact store (reef.artifacts: a directory or
+    s3://bucket/prefix), under `discover/<scenario>/`, besides its local directory: a run
+    resumed on another machine (or after losing its disk) reads the archive, the best program
+    and its score, the per-step log and the run id (its report ids) from there.
+
+    One discovery per scenario: the scenario's release chain is the run's trajectory (each
+    step's LoRA release serves the next). The archive is written last, so it is the commit
+    point: a push cut short leaves the previous archive, and the step log is cut to the steps
+    the archive says are done when read back."""
+
+    FILES = ("run_id", "steps.jsonl", "best.json", "best.py", "archive.json")
+
+    def __init__(self, artifacts: ArtifactStore, scenario: str):
+        self.artifacts = artifacts
+        self.prefix = f"discover/{scenario}"
+
+    def __repr__(self) -> str:
+        return self.artifacts.uri(self.prefix)
+
+    def push(self, state_dir: Path) -> None:
+        """Copy the local files up, the archive last."""
+        for name in self.FILES:
+            path = state_dir / name
+            if path.is_file():
+                self.artifacts.put_bytes(f"{self.prefix}/{name}", path.read_bytes())
+
+    def steps_done(self) -> int | None:
+        """How many steps the stored archive has done; None when there is none."""
+        try:
+            data = self.artifacts.get_bytes(f"{self.prefix}/archive.json")
+        except NotFound:
+            return None
+        return Archive.from_dict(json.loads(data)).steps_done
+
+    def pull(self, state_dir: Path) -> None:
+        """Copy the stored files down (the archive last), replacing local ones."""
+        for name in self.FILES:
+            try:
+                data = self.artifacts.get_bytes(f"{self.prefix}/{name}")
+            except NotFound:
+                continue
+            tmp = state_dir / f"{name}.tmp"
+            tmp.write_bytes(data)
+            tmp.replace(state_dir / name)
+
+
+def save(
+    archive: Archive,
+    state_dir: Path,
+    results: list[StepResult],
+    store: ArchiveStore | None = None,
+) -> None:
     """The step's artifacts: the archive (resume point), the best program and its score, and
-    the per-step log; each written atomically."""
-    archive.save(state_dir / "archive.json")
+    the per-step log; each written atomically, then copied to `store` when there is one."""
     best = archive.best()
     _write(state_dir / "best.json", json.dumps({"reward": best.value, "state": asdict(best)}))
     _write(state_dir / "best.py", best.program or "")
     _write(state_dir / "steps.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in results))
+    archive.save(state_dir / "archive.json")
+    if store is not None:
+        store.push(state_dir)
 
 
 def _write(path: Path, text: str) -> None:
@@ -256,10 +312,19 @@ def discover(
     state_dir: Path,
     say: Callable[[str], None] = print,
     check: Callable[[], None] | None = None,
+    store: ArchiveStore | None = None,
 ) -> list[StepResult]:
-    """Run (or resume) the discovery in `state_dir` until `cfg.steps` steps are done."""
+    """Run (or resume) the discovery in `state_dir` until `cfg.steps` steps are done. With a
+    `store`, every step is saved there too, and a stored archive further along than the local
+    one (or where there is none: another machine) is where the run resumes."""
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "archive.json"
+    if store is not None:
+        stored = store.steps_done()
+        local = Archive.load(path).steps_done if path.exists() else None
+        if stored is not None and (local is None or stored > local):
+            store.pull(state_dir)
+            say(f"{cfg.mode}: archive read from {store} ({stored} steps done)")
     archive = Archive.load(path) if path.exists() else new_archive(cfg)
     results = load_results(state_dir)[: archive.steps_done]
     run_file = state_dir / "run_id"
@@ -269,7 +334,7 @@ def discover(
     if archive.steps_done:
         say(f"resuming {cfg.mode} at step {archive.steps_done} (best {archive.best().value:.6f})")
     else:
-        save(archive, state_dir, results)
+        save(archive, state_dir, results, store)
         say(f"{cfg.mode}: seeded baseline, sum of radii {archive.best().value:.6f}")
     while archive.steps_done < cfg.steps:
         step = archive.steps_done
@@ -287,7 +352,7 @@ def discover(
             )
         archive.steps_done += 1
         results.append(result)
-        save(archive, state_dir, results)
+        save(archive, state_dir, results, store)
         say(
             f"{cfg.mode} step {step}: best {result.best:.6f}  mean reward "
             f"{result.mean_reward:.4f}  valid {result.valid_fraction:.0%}  "

@@ -4,6 +4,7 @@ and the best program so far (ALGORITHMS.md §3.1-3.3)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -25,6 +26,9 @@ STATE_DIR = "tttd"
 OPTIMIZER_FILE = "optimizer.pt"
 BEST_FILE = "best.json"
 PROGRAM_FILE = "best.py"
+# How much of the best program a release's metadata holds (the whole program is the release's
+# tttd/best.py): metadata lives in the chain's rows and every release listing returns it.
+METADATA_PROGRAM_CHARS = 8192
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -142,6 +146,25 @@ def best_so_far(
     return best
 
 
+def best_metadata(best: dict[str, Any]) -> dict[str, Any]:
+    """What the release's metadata says about the best program so far: its verified score
+    and where it came from, its content hash and a size-capped copy (the full text is the
+    release's `tttd/best.py`)."""
+    program = str(best["program"])
+    return {
+        "best_score": float(best["reward"]),
+        "best_step": int(best["step"]),
+        "best_record_id": best.get("record_id"),
+        "best_program": {
+            "sha256": hashlib.sha256(program.encode()).hexdigest(),
+            "chars": len(program),
+            "text": program[:METADATA_PROGRAM_CHARS],
+            "truncated": len(program) > METADATA_PROGRAM_CHARS,
+            "file": f"{STATE_DIR}/{PROGRAM_FILE}",
+        },
+    }
+
+
 def train_grid(
     job: TrainJob,
     p: TTTDParams,
@@ -201,7 +224,9 @@ def train_grid(
     state.mkdir(parents=True, exist_ok=True)
     torch.save(opt.state_dict(), state / OPTIMIZER_FILE)
     best = best_so_far(job.parent_path, rollouts, step)
+    metadata: dict[str, Any] = {}
     if best is not None:
+        metadata = best_metadata(best)
         (state / BEST_FILE).write_text(json.dumps(best, indent=2) + "\n")
         (state / PROGRAM_FILE).write_text(best["program"])
         metrics["tttd_best_reward"] = float(best["reward"])
@@ -223,6 +248,7 @@ def train_grid(
         path=job.out_dir,
         metrics=metrics,
         trained_sample_ids=tuple(r["sample_id"] for r in rows),
+        metadata=metadata,
     )
 
 

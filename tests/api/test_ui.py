@@ -13,6 +13,10 @@ import httpx
 import pytest
 
 from api.auth import hash_token
+from reef.artifacts import open_artifacts
+from reef.figures import Figure, Point, save_figure
+from reef.records import Release, new_id, utcnow
+from reef.store.sql import open_store
 from tests.reefserver import InProcessReef
 from tests.traffic import traffic
 
@@ -162,3 +166,123 @@ def test_no_token_mode_needs_no_sign_in(server: InProcessReef, scenario: str) ->
         headers={"origin": "http://localhost:9", "sec-fetch-site": "same-site"},
     )
     assert r.status_code == 403  # another port of localhost is another site
+
+
+def test_sessions_are_shared_by_replicas_and_flow_runs_link(
+    secured: InProcessReef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second app on the same database (another replica): a sign-in on one works on the
+    other, with the same CSRF token, and signing out on either ends it on both. The release
+    timeline links a release's flow run to the Prefect UI when its address is known."""
+    assert secured.config is not None
+    config = tmp_path / "replica.yaml"
+    config.write_text(
+        secured.config.read_text()
+        + f"store:\n  database_url: {secured.settings.database_url}\n"
+        + "prefect:\n  ui_url: http://prefect.example:4200/\n"
+    )
+    run_id = "7f0c6a53-2d7e-4b8a-9a51-0d6f1c2b3e4d"
+    store = open_store(secured.settings.database_url)
+    try:
+        head = store.ensure_scenario("flows")
+        store.publish_release(
+            Release(
+                id=new_id("rel"),
+                scenario="flows",
+                seq=1,
+                parent_id=head.head_release_id,
+                kind="adapter",
+                created_at=utcnow(),
+                operation="training",
+                recipe="sft",
+                metadata={
+                    "flow_run_id": run_id,
+                    # what a tttd step records (recipes.tttd.learner.best_metadata)
+                    "best_score": 2.25,
+                    "best_step": 3,
+                    "best_program": {
+                        "sha256": "ab" * 32,
+                        "chars": 22,
+                        "text": "print(sum(r) < 3 & 1)\n",
+                        "truncated": False,
+                        "file": "tttd/best.py",
+                    },
+                },
+            )
+        )
+    finally:
+        store.close()
+    with (
+        InProcessReef(tmp_path / "replica", config=config) as replica,
+        _signed_in(secured, ADMIN) as first,
+    ):
+        cookie = first.cookies.get("reef_ui")
+        assert cookie
+        with httpx.Client(
+            base_url=replica.url, cookies={"reef_ui": cookie}, follow_redirects=False
+        ) as second:
+            assert second.get("/ui").status_code == 200
+            csrf = _csrf(second.get("/ui/s/bob/jobs").text)
+            assert csrf == _csrf(first.get("/ui/s/bob/jobs").text)
+            # the explicit prefect.ui_url: the flow run is a link
+            page = second.get("/ui/s/flows/releases").text
+            assert f'href="http://prefect.example:4200/runs/flow-run/{run_id}"' in page
+            # a discovery step's best program and its verified score, escaped
+            assert "verified score <b>2.25</b> (step 3)" in page
+            assert "print(sum(r) &lt; 3 &amp; 1)" in page
+            # no ui_url: derived from a Prefect server's PREFECT_API_URL, else no link
+            monkeypatch.delenv("PREFECT_UI_URL", raising=False)
+            monkeypatch.setenv("PREFECT_API_URL", "http://10.0.0.5:4200/api")
+            page = first.get("/ui/s/flows/releases").text
+            assert f'href="http://10.0.0.5:4200/runs/flow-run/{run_id}"' in page
+            monkeypatch.delenv("PREFECT_API_URL")
+            page = first.get("/ui/s/flows/releases").text
+            assert run_id in page and "/runs/flow-run/" not in page
+            # sign out on the replica: the session is gone on both
+            out = second.post("/ui/logout", data={"csrf": csrf})
+            assert out.status_code == 303
+        assert first.get("/ui").status_code == 303
+        with httpx.Client(base_url=replica.url, cookies={"reef_ui": cookie}) as again:
+            assert again.get("/ui", follow_redirects=False).status_code == 303
+
+
+def test_curves_show_demo_figures_and_release_metrics(secured: InProcessReef) -> None:
+    """The learning page's other figures: a demo's numbers per release from the artifact
+    store (reef.figures), and the numeric metrics releases recorded."""
+    store = open_store(secured.settings.database_url)
+    try:
+        base = store.ensure_scenario("figs").head_release_id
+        trained = store.publish_release(
+            Release(
+                id=new_id("rel"),
+                scenario="figs",
+                seq=1,
+                parent_id=base,
+                kind="adapter",
+                created_at=utcnow(),
+                operation="training",
+                metrics={"tttd_best_reward": 1.75, "train_loss": 0.5, "flag": True},
+            )
+        )
+    finally:
+        store.close()
+    artifacts = open_artifacts(secured.settings.artifacts_url)
+    points = (Point(base, 0.25), Point(trained.id, 0.625), Point("rel_elsewhere", 0.9))
+    save_figure(artifacts, "figs", Figure("pass", "held-out pass rate", "python -m demo", points))
+    artifacts.put_bytes("figures/figs/broken.json", b"{")
+    with _signed_in(secured, ADMIN) as client:
+        page = client.get("/ui/s/figs/curves")
+        assert page.status_code == 200
+        html = page.text
+        # the chooser: the demo's figure first, then the release metrics (numbers only)
+        options = re.findall(r'<option value="\d+">([^<]+)</option>', html)
+        assert options == [
+            "held-out pass rate (python -m demo)",
+            "train_loss (release metrics)",
+            "tttd_best_reward (release metrics)",
+        ]
+        assert '<td class="num">0.625</td>' in html and '<td class="num">0.25</td>' in html
+        assert "1 point(s) name releases not on this chain" in html
+        assert "figures/figs/broken.json" in html  # reported, the page still renders
+    with _signed_in(secured, ALICE) as client:  # another scenario's figures stay hidden
+        assert client.get("/ui/s/figs/curves").status_code == 403

@@ -4,6 +4,7 @@ with its Adam state and the best program, both carried to the next step."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,14 @@ def test_one_step_per_grid_follows_the_advantages(
     saved = json.loads((tmp_path / "c1" / "tttd" / "best.json").read_text())
     assert saved["reward"] == 2.0 and saved["program"] == "SCORE = 2.0\n"
     assert m["tttd_best_reward"] == 2.0
+    # the release's metadata: the verified score and the program (hash and capped copy)
+    meta = trained.metadata
+    assert meta["best_score"] == 2.0 and meta["best_step"] == 0
+    assert meta["best_record_id"] == rows[2]["record_ids"][0]
+    program = meta["best_program"]
+    assert program["text"] == "SCORE = 2.0\n" and program["truncated"] is False
+    assert program["sha256"] == hashlib.sha256(b"SCORE = 2.0\n").hexdigest()
+    assert program["file"] == "tttd/best.py"
     assert (tmp_path / "c1" / "tttd" / "optimizer.pt").is_file()
     assert set(trained.trained_sample_ids) == {r["sample_id"] for r in rows}
 
@@ -119,6 +128,7 @@ def test_one_step_per_grid_follows_the_advantages(
     assert second.metrics["train_optimizer_continued"] == 1
     assert second.metrics["train_training_groups"] == 2
     assert second.metrics["tttd_best_reward"] == 2.0 and second.metrics["tttd_best_step"] == 0
+    assert second.metadata["best_score"] == 2.0 and second.metadata["best_step"] == 0
 
 
 def test_an_incomplete_grid_does_not_train(tiny_dir: Path, tiny: Any, tmp_path: Path) -> None:
@@ -127,3 +137,15 @@ def test_an_incomplete_grid_does_not_train(tiny_dir: Path, tiny: Any, tmp_path: 
     with pytest.raises(ReefError, match="no full 2x3 grid"):
         recipe.train(job(tiny_dir, tmp_path / "c", rows))  # type: ignore[attr-defined]
     assert not (tmp_path / "c").exists()
+
+
+def test_the_release_metadata_caps_a_long_program() -> None:
+    from recipes.tttd.learner import METADATA_PROGRAM_CHARS, best_metadata
+
+    program = "x = 1\n" * 3000
+    meta = best_metadata({"reward": 1.5, "step": 3, "record_id": "rec_1", "program": program})
+    assert meta["best_score"] == 1.5 and meta["best_step"] == 3
+    shown = meta["best_program"]
+    assert shown["truncated"] is True and shown["chars"] == len(program)
+    assert shown["text"] == program[:METADATA_PROGRAM_CHARS]
+    assert shown["sha256"] == hashlib.sha256(program.encode()).hexdigest()

@@ -30,3 +30,39 @@
   const plot = new uPlot(opts, [data.seq, data.low, data.mean, data.high, data.gate], el);
   window.addEventListener("resize", () => plot.setSize({ width: width(), height: 320 }));
 })();
+
+// Other figures per release: one series at a time, chosen in the select (demo and bench
+// figures first, then the metrics releases recorded).
+(function () {
+  const el = document.getElementById("extra");
+  const select = document.getElementById("extra-select");
+  const source = document.getElementById("extra-data");
+  if (!el || !select || !source || !window.uPlot) return;
+  const data = JSON.parse(source.textContent);
+  const width = () => Math.max(280, el.clientWidth - 16);
+  let plot = null;
+  function draw() {
+    const chosen = data.series[Number(select.value)];
+    if (plot) plot.destroy();
+    plot = new uPlot(
+      {
+        width: width(),
+        height: 280,
+        scales: { x: { time: false } },
+        axes: [
+          { label: "release", values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? "#" + t : "")) },
+          { label: chosen.name },
+        ],
+        series: [
+          { label: "release" },
+          { label: chosen.name, stroke: "#8a3ffc", width: 2, points: { size: 8 }, spanGaps: true },
+        ],
+      },
+      [data.seq, chosen.values],
+      el,
+    );
+  }
+  select.addEventListener("change", draw);
+  window.addEventListener("resize", () => plot && plot.setSize({ width: width(), height: 280 }));
+  draw();
+})();
