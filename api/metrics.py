@@ -91,6 +91,14 @@ class Metrics:
         self.reports = _ByScenario(
             "reef_reports_total", "Reports stored", [], self.registry, by_scenario
         )
+        self.shadow = _ByScenario(
+            "reef_shadow_calls_total",
+            "Shadow rollout copies of calls, by outcome: scored, unscored, failed, or dropped "
+            "(rollout.shadow.max_concurrency copies were in flight)",
+            ["outcome"],
+            self.registry,
+            by_scenario,
+        )
         self.errors = Counter(
             "reef_errors_total",
             "Errors answered, by error type",

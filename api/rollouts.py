@@ -21,14 +21,17 @@ from reef.store.base import Store
 log = logging.getLogger("reef.rollouts")
 
 
+_DECIDED = ("canary", "shadow")  # the modes the watcher decides (an A/B split waits for a human)
+
+
 def canary_scenarios(settings: RolloutSettings, store: Store) -> list[str]:
-    """The scenarios whose rollout mode is canary (none: nothing to watch)."""
-    if settings.mode != "canary" and not any(
-        o.get("mode") == "canary" for o in settings.scenarios.values()
+    """The scenarios whose rollout mode is canary or shadow (none: nothing to watch)."""
+    if settings.mode not in _DECIDED and not any(
+        o.get("mode") in _DECIDED for o in settings.scenarios.values()
     ):
         return []
     return [
-        s.name for s in store.list_scenarios() if settings.for_scenario(s.name).mode == "canary"
+        s.name for s in store.list_scenarios() if settings.for_scenario(s.name).mode in _DECIDED
     ]
 
 

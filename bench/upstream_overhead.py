@@ -9,6 +9,13 @@ bench/results/.
 
 Targets: added p50 at 1 connection <= 1 ms; >= 1,500 recorded requests/s at 16 connections.
 
+Shadow arm (`--shadow`, on by default): a second `reef serve` with `rollout.mode: shadow`
+(`--shadow-sample`, default 0.1 as in the settings; 1.0 copies every call), measured at 1
+connection with no shadow candidate live (off) and with one live (on), in the order off, on,
+on, off, ... (`--shadow-rounds` of each), so a load drifting during the run weighs on both. The
+candidate is a harness release (its rules injected), so each copy is a second upstream call
+plus a verifier score, after the user's answer. Target: <= 0.2 ms added to the user's p50.
+
     .venv/bin/python bench/upstream_overhead.py                 # SQLite in a temp state dir
     .venv/bin/python bench/upstream_overhead.py --database-url postgresql+psycopg://root@127.0.0.1/reef_bench
     .venv/bin/python bench/upstream_overhead.py --py-spy /tmp/cb/bin/py-spy   # + a profile of Reef
@@ -29,6 +36,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +54,14 @@ RESULTS = HERE / "results"
 REEF = Path(sys.executable).with_name("reef")
 TARGET_ADDED_P50_MS = 1.0
 TARGET_RECORDED_RPS = 1500.0
+TARGET_SHADOW_ADDED_P50_MS = 0.2
+# What the shadow Reef runs with: every call copied, a verifier scoring both answers, and a
+# test that cannot decide during the bench (the candidate stays live).
+SHADOW_ENV = {
+    "REEF_ROLLOUT__MODE": "shadow",
+    "REEF_ROLLOUT__SHADOW__SCORER": "recipes.scorers:at_most_five_words",
+    "REEF_ROLLOUT__MIN_SAMPLES": "1000000000",
+}
 
 
 def free_port() -> int:
@@ -226,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--py-spy", help="py-spy binary: profile Reef during the throughput run")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
+    p.add_argument(
+        "--shadow",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure a shadow rollout's cost to the user (off vs on, --low connections)",
+    )
+    p.add_argument("--shadow-rounds", type=int, default=2, help="off/on rounds, alternated")
+    p.add_argument("--shadow-sample", type=float, default=0.1, help="share of calls copied")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install -y wrk)")
@@ -257,37 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.reef.exists():
             result["reef_error"] = f"{args.reef} does not exist (the API is not installed yet)"
             return finish(result, args.out)
-        port = free_port()
-        cmd = [
-            str(args.reef),
-            "serve",
-            "--engine",
-            "upstream",
-            "--upstream-url",
-            f"http://127.0.0.1:{echo_port}/v1",
-            "--upstream-model",
-            "echo",
-            "--state-dir",
-            str(state_dir),
-            "--port",
-            str(port),
-        ]
-        if args.database_url:
-            cmd += ["--database-url", args.database_url]
-        log = (state_dir / "reef.log").open("w")
-        # no evolve worker: it would share the cores with what is being measured
-        env = {
-            **os.environ,
-            "REEF_REEF__AUTO": "false",
-            **dict(kv.split("=", 1) for kv in args.env),
-        }
         result["reef_env"] = args.env
-        reef = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        reef, reef_url, ready = start_reef(args, echo_port, state_dir, {})
         procs.append(reef)
-        reef_url = f"http://127.0.0.1:{port}"
-        ready = wait_http(f"{reef_url}/healthz", max(60.0, args.wait_for_reef), reef)
         if not ready:
-            log.flush()
             tail = (state_dir / "reef.log").read_text()[-2000:]
             result["reef_error"] = f"`reef serve --engine upstream` did not become ready:\n{tail}"
             return finish(result, args.out)
@@ -321,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
                     result["profile"] = py_spy_summary(state_dir / "py-spy.txt")
                 else:
                     result["profile_error"] = err.strip()[-500:]
+        if args.shadow:
+            shadow_dir = Path(tempfile.mkdtemp(prefix="reef-bench-shadow-"))
+            try:
+                result["shadow"] = shadow_arms(args, echo_port, shadow_dir, procs)
+            finally:
+                shutil.rmtree(shadow_dir, ignore_errors=True)
         return finish(result, args.out)
     finally:
         for proc in reversed(procs):
@@ -331,6 +334,123 @@ def main(argv: list[str] | None = None) -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def start_reef(
+    args: argparse.Namespace, echo_port: int, state_dir: Path, extra_env: dict[str, str]
+) -> tuple[subprocess.Popen[Any], str, bool]:
+    """`reef serve --engine upstream` in front of the echo upstream: (process, url, ready)."""
+    port = free_port()
+    cmd = [
+        str(args.reef),
+        "serve",
+        "--engine",
+        "upstream",
+        "--upstream-url",
+        f"http://127.0.0.1:{echo_port}/v1",
+        "--upstream-model",
+        "echo",
+        "--state-dir",
+        str(state_dir),
+        "--port",
+        str(port),
+    ]
+    if args.database_url and not extra_env:
+        cmd += ["--database-url", args.database_url]
+    log = (state_dir / "reef.log").open("w")
+    # no evolve worker: it would share the cores with what is being measured
+    env = {
+        **os.environ,
+        "REEF_REEF__AUTO": "false",
+        **dict(kv.split("=", 1) for kv in args.env),
+        **extra_env,
+    }
+    reef = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    ready = wait_http(f"{url}/healthz", max(60.0, args.wait_for_reef), reef)
+    log.flush()
+    return reef, url, ready
+
+
+def _chain(state_dir: Path, url: str) -> Any:
+    sys.path.insert(0, str(ROOT))
+    from deploy.chain import ReleaseChain
+    from reef.settings import load_settings
+
+    port = int(url.rsplit(":", 1)[1])
+    settings = load_settings(server={"state_dir": str(state_dir), "port": port})
+    return ReleaseChain.for_settings(settings)
+
+
+def start_shadow(state_dir: Path, url: str, rules: str) -> str:
+    """Make a harness candidate (`rules` injected) the default scenario's live shadow, through
+    the one release path the flows use; returns its id."""
+    from deploy import rollout
+    from reef.gate import Decision
+    from reef.harness import Harness
+
+    accepted = Decision(status="accepted", policy="always", test="bench", reason="bench", n=0)
+    harness = Harness({"AGENTS.md": rules, "harness.json": '{"inject": true}'})
+    with _chain(state_dir, url) as chain:
+        scenario = chain.settings.server.default_scenario
+        chain.store.ensure_scenario(scenario)
+        head = chain.store.head_release(scenario)
+        cand = chain.add_harness_candidate(head, harness, accepted, recipe="bench")
+        return str(rollout.start(chain, cand).id)
+
+
+def end_shadow(state_dir: Path, url: str) -> None:
+    from deploy import rollout
+
+    with _chain(state_dir, url) as chain:
+        scenario = chain.settings.server.default_scenario
+        rollout.abort(chain, scenario, by="bench", reason="bench round over")
+
+
+def shadow_counts(state_dir: Path) -> int:
+    with sqlite3.connect(state_dir / "reef.db") as conn:
+        return int(conn.execute("SELECT count(*) FROM shadow_records").fetchone()[0])
+
+
+def shadow_arms(
+    args: argparse.Namespace, echo_port: int, state_dir: Path, procs: list[subprocess.Popen[Any]]
+) -> dict[str, Any]:
+    """The user's latency at `--low` connections on a shadow-mode Reef without a live shadow
+    candidate (off) and with one (on), alternately, `--shadow-rounds` rounds; each round starts
+    a new candidate and aborts it after. Counts the copies stored while on."""
+    env = {**SHADOW_ENV, "REEF_ROLLOUT__SHADOW__SAMPLE": f"{args.shadow_sample:g}"}
+    reef, url, ready = start_reef(args, echo_port, state_dir, env)
+    procs.append(reef)
+    if not ready:
+        return {"error": (state_dir / "reef.log").read_text()[-2000:]}
+    print(f"shadow-mode reef serve on {url}; off vs on at {args.low} connection", flush=True)
+    wrk(url, args.low, args.warmup)
+    out: dict[str, Any] = {"off": [], "on": [], "env": env, "sample": args.shadow_sample}
+    # off, on, on, off, off, on, ...: a load that drifts during the run weighs on both alike
+    for i in range(args.shadow_rounds):
+        for state in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            if state == "off":
+                out["off"].append(measured(url, args.low, args.duration, reef.pid))
+                continue
+            start_shadow(state_dir, url, f"Be brief (round {i}).\n")
+            time.sleep(2.5)  # the serving process sees the candidate after its cache's TTL
+            wrk(url, args.low, args.warmup)
+            before = shadow_counts(state_dir)
+            on = measured(url, args.low, args.duration, reef.pid)
+            on["shadow_records"] = shadow_counts(state_dir) - before
+            out["on"].append(on)
+            end_shadow(state_dir, url)
+            time.sleep(2.5)
+    off_p50 = statistics.median(r["p50_us"] for r in out["off"]) / 1e3
+    on_p50 = statistics.median(r["p50_us"] for r in out["on"]) / 1e3
+    out["p50_ms"] = {"off": round(off_p50, 3), "on": round(on_p50, 3)}
+    out["added_p50_ms"] = round(on_p50 - off_p50, 3)
+    out["ratio_p50"] = round(on_p50 / off_p50, 3)
+    out["copies_per_request"] = round(
+        sum(r["shadow_records"] for r in out["on"]) / max(sum(r["ok"] for r in out["on"]), 1), 3
+    )
+    out["added_p50_ok"] = out["added_p50_ms"] <= TARGET_SHADOW_ADDED_P50_MS
+    return out
 
 
 def finish(result: dict[str, Any], out: Path) -> int:
@@ -385,6 +505,18 @@ def finish(result: dict[str, Any], out: Path) -> int:
         )
         print(f"every 200 had a receipt and a durable record: {durable}")
         print(f"through-Reef / direct: req/s {verdict['ratio_rps']}, p50 {verdict['ratio_p50']}")
+    shadow = result.get("shadow")
+    if shadow and "error" in shadow:
+        print(f"\nshadow: not measured: {shadow['error']}")
+    elif shadow:
+        print(
+            f"\nshadow (sample {shadow['sample']:g}) at {len(shadow['on'])}x"
+            f"{result['duration_s']:g}s, 1 conn: user p50 "
+            f"{shadow['p50_ms']['off']:.3f} ms off, {shadow['p50_ms']['on']:.3f} ms on: added "
+            f"{shadow['added_p50_ms']:.3f} ms, ratio {shadow['ratio_p50']:.3f} (target <= "
+            f"{TARGET_SHADOW_ADDED_P50_MS:g} ms) {'OK' if shadow['added_p50_ok'] else 'MISSED'}; "
+            f"{shadow['copies_per_request']:.2f} copies stored per answered request"
+        )
     if "reef_error" in result:
         print(f"\nthrough Reef: not measured: {result['reef_error']}")
     if "profile" in result:

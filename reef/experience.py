@@ -17,7 +17,9 @@ reason (the first that applies, in this order):
 - "missing_record":  a quoted record is not in the scenario any more;
 - "consumed":        a record was already trained on by this recipe (consumption receipts);
 - "no_score":        the counting report carries feedback but no score;
-- "unknown_release": a record names a release that is not on the scenario's chain;
+- "unknown_release": a record names a release that is neither on the scenario's chain nor a
+                     canary that served (live, or rolled back: its records are experience like
+                     any other, at its parent's seq; the sample's turns name the release);
 - "stale":           head seq − the oldest record's release seq > max_staleness;
 - "no_token_ids":    kind "rollout" and a record without recorded token ids;
 - "token_mismatch":  a multi-turn sample whose turns do not extend each other token by token;
@@ -298,6 +300,12 @@ def collect(
     scenario_row = store.get_scenario(scenario)
     seq_of = {r.id: r.seq for r in chain}
     head_seq = seq_of.get(scenario_row.head_release_id, max(seq_of.values(), default=0))
+    # A canary serves before it is on the chain, and a rolled-back one never gets there: its
+    # records count as made on the release it was made on (a promoted one is on the chain).
+    for status in ("canary", "rolled_back"):
+        for served in store.list_candidates(scenario, status):
+            if served.parent_id in seq_of:
+                seq_of[served.id] = seq_of[served.parent_id]
     consumed = store.consumed_record_ids(scenario, recipe)
 
     by_record = reports_by_record(store, scenario, page_size)

@@ -13,12 +13,18 @@ turn of a conversation repeats it, so all turns land on one arm without a lookup
 `Rollouts` (one per serving process) finds a scenario's canary (a short cache, as for the
 scenario row), picks the arm, and keeps each arm's serving health (errors, latency) for the
 guardrail. `arm_scores` reads what reports said about each arm from the database.
+
+An A/B split (`rollout.mode: ab`) is the same hash between two named releases, arms "a" and
+"b" (`ab.share` of keys get b), with no decision: it lasts until an operator ends it, which
+records a release on the chain naming the pair (`metadata.rollout.ab`); a pair so ended is
+not split again. A shadow rollout's candidate (reef.shadow) is a canary that serves no arm.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,8 +39,9 @@ from reef.sequential import ArmScores, Guardrail, Health, SequentialPolicy
 from reef.settings import RolloutSettings
 from reef.store.base import Store
 
-ArmName = Literal["canary", "control"]
-ARM_TAG = "reef.arm"  # record tags naming the arm and the rollout (the canary's id)
+log = logging.getLogger(__name__)
+ArmName = Literal["canary", "control", "a", "b"]
+ARM_TAG = "reef.arm"  # record tags naming the arm and the rollout (canary id, or ab:<a>:<b>)
 ROLLOUT_TAG = "reef.rollout"
 
 
@@ -67,6 +74,24 @@ def arm_for(rollout_id: str, key: str, share: float) -> ArmName:
     digest = hashlib.sha256(f"{rollout_id}\x00{key}".encode()).digest()
     position = int.from_bytes(digest[:8], "big") / 2**64
     return "canary" if position < share else "control"
+
+
+def ab_id(pair: tuple[str, str]) -> str:
+    """The rollout id of an A/B split: its record tag and the seed of its hash."""
+    return f"ab:{pair[0]}:{pair[1]}"
+
+
+def ab_stopped(store: Store, scenario: str, pair: tuple[str, str]) -> str | None:
+    """Why the A/B split of `pair` does not run (an operator ended it, or a release it names is
+    not on the chain), or None while it runs."""
+    chain = store.list_releases(scenario)
+    for release in reversed(chain):
+        if release.metadata.get("rollout", {}).get("ab") == list(pair):
+            return f"the A/B split of {pair[0]} and {pair[1]} was ended by release {release.id}"
+    missing = set(pair) - {r.id for r in chain}
+    if missing:
+        return f"ab.releases names {', '.join(sorted(missing))}, not on the chain of '{scenario}'"
+    return None
 
 
 def sequential_policy(rollout: RolloutSettings) -> SequentialPolicy:
@@ -124,10 +149,8 @@ class Rollouts:
         self.settings = settings
         self._ttl_s = ttl_s
         self._canaries: dict[str, tuple[Candidate | None, float]] = {}
+        self._splits: dict[str, tuple[tuple[str, str] | None, float]] = {}
         self._health: dict[tuple[str, ArmName], _Window] = {}
-
-    def active(self, scenario: str) -> bool:
-        return self.settings.for_scenario(scenario).mode == "canary"
 
     async def canary(self, scenario: str) -> Candidate | None:
         """The scenario's live canary, if any (re-read after `ttl_s`: another process may
@@ -143,6 +166,25 @@ class Rollouts:
 
     def forget(self, scenario: str) -> None:
         self._canaries.pop(scenario, None)
+        self._splits.pop(scenario, None)
+
+    async def split(self, scenario: str) -> tuple[str, str] | None:
+        """The scenario's live A/B pair: `ab.releases` under mode ab, until an operator ends
+        it (re-read after `ttl_s`, as the canary is)."""
+        rollout = self.settings.for_scenario(scenario)
+        if rollout.mode != "ab" or not rollout.ab.releases:
+            return None
+        pair = (rollout.ab.releases[0], rollout.ab.releases[1])
+        hit = self._splits.get(scenario)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        stopped = await asyncio.to_thread(ab_stopped, self.store, scenario, pair)
+        if stopped is not None and hit is None:
+            log.warning("%s: serving the head", stopped)
+        live = None if stopped is not None else pair
+        self._splits[scenario] = (live, now + self._ttl_s)
+        return live
 
     async def arm(
         self,
@@ -154,20 +196,28 @@ class Rollouts:
         messages: list[dict[str, Any]],
         fallback: str,
     ) -> Arm | None:
-        """The arm of this call, or None when the scenario has no live canary. `fallback`
-        (the call's record id) keys a call that carries nothing sticky."""
-        if not self.active(scenario.name):
-            return None
-        canary = await self.canary(scenario.name)
-        if canary is None:
-            return None
+        """The arm of this call, or None when the scenario has no live canary or A/B split.
+        `fallback` (the call's record id) keys a call that carries nothing sticky."""
         rollout = self.settings.for_scenario(scenario.name)
+        if rollout.mode == "ab":
+            pair = await self.split(scenario.name)
+            if pair is None:
+                return None
+            rollout_id, share = ab_id(pair), rollout.ab.share
+            drawn, other = Arm("b", pair[1], rollout_id), Arm("a", pair[0], rollout_id)
+        elif rollout.mode == "canary":
+            canary = await self.canary(scenario.name)
+            if canary is None:
+                return None
+            rollout_id, share = canary.id, rollout.share
+            drawn = Arm("canary", canary.id, canary.id)
+            other = Arm("control", scenario.head_release_id, canary.id)
+        else:
+            return None
         key = sticky_key(
             rollout.sticky, session_id=session_id, user_id=user_id, tags=tags, messages=messages
         )
-        name = arm_for(canary.id, key or fallback, rollout.share)
-        release_id = canary.id if name == "canary" else scenario.head_release_id
-        return Arm(name, release_id, canary.id)
+        return drawn if arm_for(rollout_id, key or fallback, share) == "canary" else other
 
     def observe(self, rollout_id: str, arm: ArmName, ok: bool, latency_ms: float) -> None:
         """One call's outcome on an arm, for the guardrail."""

@@ -9,7 +9,7 @@ import pytest
 
 from reef.experience import collect, consume
 from reef.readiness import readiness
-from reef.records import utcnow
+from reef.records import Candidate, new_id, utcnow
 from reef.samples import PreferenceSample, RolloutSample, ScoredSample, TrajectorySample
 from reef.settings import LoopSettings
 from reef.store.sql import SQLStore
@@ -93,6 +93,43 @@ def test_stale_samples_are_dropped_alone(store: SQLStore) -> None:
     ready = readiness(store, S, LoopSettings(batch_size=2, max_staleness=1))
     assert (ready.eligible, ready.ready) == (2, True)
     assert ready.dropped == Counter(stale=1, unknown_release=1)
+
+
+def test_records_a_canary_served_are_experience_naming_it(store: SQLStore) -> None:
+    """A live canary's records, and a rolled-back one's, are samples like any other, counted
+    at the seq of the release they were made on; the sample names the release."""
+    base = _base(store)
+    head = append_release(store, S)  # base (0), head (1)
+
+    def canary(status: str) -> Candidate:
+        made = store.add_candidate(
+            Candidate(
+                id=new_id("rel"), scenario=S, parent_id=head.id, kind="adapter",
+                created_at=utcnow(), status="pending", uri=None, content_hash=None,
+                recipe="sft", dataset_id=None, metrics={}, gate={}, model_uri=None,
+                updated_at=utcnow(),
+            )
+        )  # fmt: skip
+        return store.set_candidate_status(S, made.id, status, expected="pending")
+
+    live, retired = canary("canary"), canary("rolled_back")
+    rejected = canary("rejected")  # never served: its id names no release that served
+    on_head, on_live, on_retired, stray = (
+        record(S, rel) for rel in (head.id, live.id, retired.id, rejected.id)
+    )
+    store.add_records([on_head, on_live, on_retired, stray])
+    for rec in (on_head, on_live, on_retired, stray):
+        store.add_report(report(S, rec.id, score=1.0))
+
+    exp = collect(store, S, "scored", recipe="sft", max_staleness=0)
+    assert exp.dropped == Counter(unknown_release=1)
+    served = {s.record_ids[0]: (s.release_id, s.staleness) for s in exp.samples}
+    assert served == {
+        on_head.id: (head.id, 0),
+        on_live.id: (live.id, 0),
+        on_retired.id: (retired.id, 0),
+    }
+    assert base not in {release for release, _ in served.values()}
 
 
 def test_consumed_records_are_not_consumed_again(store: SQLStore) -> None:
