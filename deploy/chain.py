@@ -32,7 +32,7 @@ from deploy.candidates import (
     weights_candidate,
     weights_version,
 )
-from deploy.engine import EngineAdmin, EngineTarget
+from deploy.engine import EngineTarget, Fleet, engines_for
 from deploy.release import deploy
 from reef import registry
 from reef.artifacts import ArtifactStore, artifacts_for
@@ -66,21 +66,24 @@ class ReleaseChain:
         self.engine = engine
         self.cache_dir = (settings.server.state_dir / "cache").resolve()
         self.harnesses = harnesses or HarnessCache(artifacts, self.cache_dir)
-        self._owned: list[Store | EngineAdmin] = []
+        self._owned: list[Any] = []  # what close() closes
 
     @classmethod
     def for_settings(cls, settings: Settings) -> ReleaseChain:
-        """A worker's chain: its own store connection, the serving engine over its admin
-        routes. `close()` it when done."""
+        """A worker's chain: its own store connection, the serving engines over their admin
+        routes (engine.admin_urls, else reef.engine_url, and the registered ones with
+        engine.registry). `close()` it when done."""
         store = open_store(settings.database_url)
-        admin = EngineAdmin.for_settings(settings)
-        chain = cls(settings, store, artifacts_for(settings), admin)
-        chain._owned = [store, admin]
+        engines = engines_for(settings, store=store)
+        chain = cls(settings, store, artifacts_for(settings), engines)
+        chain._owned = [store, engines]
         return chain
 
     def close(self) -> None:
         for part in self._owned:
-            part.close()
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
         self._owned = []
 
     def __enter__(self) -> ReleaseChain:
@@ -337,8 +340,8 @@ class ReleaseChain:
             if not release.uri:
                 raise ReefError(f"candidate {candidate.id} has no files to stage")
             name = variant_name(scenario, release.weights_id)
-            self.engine.load(name, release.kind, release.uri)
-            self.engine.verify(name)
+            # on every engine that serves the scenario, or (unstaged again) on none
+            Fleet.of(self.engine).stage(name, release.kind, release.uri)
         state = {
             **rollout,
             "control_release_id": candidate.parent_id,
@@ -387,6 +390,16 @@ class ReleaseChain:
         release = dataclasses.replace(release, metadata={**release.metadata, "rollout": note})
         return self._deploy(self._mirrored(release))
 
+    def end_split(self, scenario: str, keep: str | None, note: dict[str, Any]) -> Release:
+        """End an A/B split (deploy.rollout.end_ab): a rollback release republishing `keep`'s
+        content (None: the head's), whose `metadata.rollout` names the pair and the numbers."""
+        head = self.store.head_release(scenario)
+        target = self.store.get_release(scenario, keep) if keep is not None else head
+        release = rolled_back(target, head)
+        release = dataclasses.replace(release, metadata={**release.metadata, "rollout": note})
+        self._check_deployable(release)
+        return self._deploy(self._mirrored(release))
+
     # steps --------------------------------------------------------------------------------
     def _on_chain(self, scenario: str, release_id: str) -> Release | None:
         try:
@@ -414,7 +427,7 @@ class ReleaseChain:
     def _check_deployable(self, release: Release) -> None:
         """Before anything is registered: an engine that cannot load releases (upstream) serves
         base releases only, with or without a harness."""
-        if release.kind != "base" and not getattr(self.engine, "loads_releases", True):
+        if release.kind != "base" and not self.engine.loads_releases:
             raise BadRequest(
                 f"the {getattr(self.engine, 'kind', 'serving')} engine cannot load "
                 f"{release.kind} releases",

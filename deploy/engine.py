@@ -9,12 +9,21 @@ routes (the `reef releases|rollback|promote` commands): its errors are read in o
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
 from reef.errors import EngineUnavailable, ReefError
 from reef.settings import Settings
+from reef.store.base import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DeployError(ReefError):
@@ -26,6 +35,10 @@ class DeployError(ReefError):
 
 
 class EngineTarget(Protocol):
+    # False for an engine that cannot load releases (upstream): it serves base releases only,
+    # with or without a harness.
+    loads_releases: bool
+
     def load(self, name: str, kind: str, source: str) -> dict[str, Any]:
         """Load `source` (a directory or artifact uri) as variant `name` (never in place)."""
         ...
@@ -45,6 +58,9 @@ class EngineTarget(Protocol):
 
 class EngineAdmin:
     """HTTP client for a serving process's admin routes (admin token when auth is on)."""
+
+    # What the server's engine can load is its answer to a load (400 not_deployable).
+    loads_releases = True
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 300.0):
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -125,3 +141,249 @@ class EngineAdmin:
         if r.status_code == 429 or r.status_code >= 500:
             raise EngineUnavailable(f"{path} on {self.base_url}: {r.status_code} {r.text[:300]}")
         return str(self._answer(r, path).get("text", ""))
+
+
+class Fleet:
+    """Every engine that serves the scenarios (reef serve replicas, Reef-fronted vLLM servers)
+    as one EngineTarget: each call goes to all of them at once, so a deploy takes as long as
+    its slowest engine, not their sum. `stage` is what a deploy needs on top: a release loaded
+    and verified on every engine, or on none. A fleet of one behaves exactly as its engine
+    (same errors, no threads).
+
+    Members: the configured ones, then (`registered`) the engines registered in the database
+    with a fresh heartbeat, read again at each call."""
+
+    def __init__(
+        self,
+        members: Sequence[tuple[str, EngineTarget]],
+        registered: Registered | None = None,
+    ):
+        if not members and registered is None:
+            raise ValueError("a fleet needs at least one engine")
+        self._configured = list(members)  # (label, engine): the label names it in errors
+        self._registered = registered
+        self.loads_releases = all(engine.loads_releases for _, engine in self._configured)
+
+    @classmethod
+    def of(cls, engine: EngineTarget) -> Fleet:
+        """`engine` as a fleet: itself when it is one, else a fleet of one."""
+        return engine if isinstance(engine, Fleet) else cls([("engine", engine)])
+
+    @property
+    def members(self) -> list[tuple[str, EngineTarget]]:
+        """The engines a call reaches now."""
+        if self._registered is None:
+            return list(self._configured)
+        known = {label for label, _ in self._configured}
+        members = self._configured + [m for m in self._registered() if m[0] not in known]
+        if not members:
+            raise DeployError(
+                "no engine to deploy to: none is registered with a fresh heartbeat "
+                "(engine.registry) and engine.admin_urls is empty"
+            )
+        return members
+
+    def close(self) -> None:
+        for _, engine in self._configured:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+        if self._registered is not None:
+            self._registered.close()
+
+    def _each(
+        self, call: Callable[[EngineTarget], T], members: list[tuple[str, EngineTarget]]
+    ) -> tuple[dict[str, T], dict[str, Exception]]:
+        """`call` on every engine at once: the answers and the failures, by label."""
+        if len(members) == 1:
+            runs = [(label, _outcome(call, engine)) for label, engine in members]
+        else:
+            with ThreadPoolExecutor(max(len(members), 1), thread_name_prefix="fleet") as pool:
+                futures = [(label, pool.submit(_outcome, call, e)) for label, e in members]
+                runs = [(label, f.result()) for label, f in futures]
+        done = {label: got for label, (got, err) in runs if err is None}
+        failed = {label: err for label, (_, err) in runs if err is not None}
+        return done, failed  # type: ignore[return-value]  # done's values are T
+
+    def _call(self, what: str, call: Callable[[EngineTarget], T]) -> dict[str, T]:
+        """`call` on every engine; raises (`_fail`) when any failed."""
+        members = self.members
+        done, failed = self._each(call, members)
+        if failed:
+            _fail(what, failed, len(members))
+        return done
+
+    def stage(self, name: str, kind: str, source: str) -> dict[str, Any]:
+        """Load variant `name` on every engine and verify it there. If any engine fails, the
+        variant is unloaded (best effort, logged) wherever this call loaded it, and DeployError
+        names the failing engines. Returns `staged`: the engines this call loaded it on (an
+        engine that held it already, e.g. serving it, is not among them: a later failure
+        unloads it from these only); `verify`: each engine's answer."""
+
+        def one(engine: EngineTarget) -> tuple[bool, dict[str, Any]]:
+            held = name in engine.variants()
+            staged = not held  # a load that fails half-way may leave it loaded
+            try:
+                loaded = engine.load(name, kind, source)
+                staged = not held and loaded.get("loaded", True) is not False
+                return staged, engine.verify(name)
+            except BaseException:
+                if staged:
+                    _unstage(engine, name)
+                raise
+
+        members = self.members
+        done, failed = self._each(one, members)
+        staged = [label for label, (loaded, _) in done.items() if loaded]
+        if failed:
+            _unstage_from(members, name, staged)
+            note = f"; unloaded again from {', '.join(staged)}" if staged else ""
+            _fail(f"staging {name}", failed, len(members), note + "; the head stays")
+        return {"staged": staged, "verify": {label: v for label, (_, v) in done.items()}}
+
+    def unstage(self, name: str, labels: Sequence[str]) -> None:
+        """Unload `name` from the engines `labels` (what `stage` loaded); failures are logged."""
+        _unstage_from(self.members, name, labels)
+
+    # EngineTarget: each call on every engine
+    def load(self, name: str, kind: str, source: str) -> dict[str, Any]:
+        """Load everywhere, or (unloading what this call loaded) nowhere."""
+        members = self.members
+        done, failed = self._each(lambda engine: engine.load(name, kind, source), members)
+        if failed:
+            loaded = [label for label, r in done.items() if r.get("loaded", True)]
+            _unstage_from(members, name, loaded)
+            _fail(f"loading {name}", failed, len(members))
+        return {"name": name, "loaded": any(r.get("loaded", True) for r in done.values())}
+
+    def verify(self, name: str) -> dict[str, Any]:
+        done = self._call(f"verifying {name}", lambda engine: engine.verify(name))
+        return {"name": name, "verified": True, "engines": done}
+
+    def unload(self, name: str) -> None:
+        self._call(f"unloading {name}", lambda engine: engine.unload(name))
+
+    def variants(self) -> list[str]:
+        """The variants any engine holds."""
+        done = self._call("listing variants", lambda engine: engine.variants())
+        return sorted({name for names in done.values() for name in names})
+
+    def refresh(self, scenario: str) -> None:
+        """Every engine serves the scenario's new head now; one that cannot be reached does
+        within the scenario cache's TTL (reef.serving), or when it starts."""
+        self._call(f"refreshing {scenario}", lambda engine: engine.refresh(scenario))
+
+
+class Registered:
+    """The engines registered in the database (engine.registry) whose heartbeat is at most
+    engine.registry_ttl_s old, as fleet members: a replica that is down drops out of deploys
+    and loads the head when it starts again (reef.variants.Variants.catch_up). One HTTP
+    client per URL ever registered, kept until `close()` (a call in another thread may be
+    using it)."""
+
+    def __init__(self, settings: Settings, store: Store, own: Sequence[str] = ()):
+        self.settings = settings
+        self.store = store
+        self.own = own  # this process's own URLs: its engine is reached in process
+        self._clients: dict[str, EngineAdmin] = {}
+        self._lock = threading.Lock()  # a serving process's chain runs in several threads
+
+    def __call__(self) -> list[tuple[str, EngineTarget]]:
+        urls = [
+            url
+            for url in self.store.live_engines(self.settings.engine.registry_ttl_s)
+            if not any(_same_server(url, own) for own in self.own)
+        ]
+        with self._lock:
+            for url in urls:
+                if url not in self._clients:
+                    self._clients[url] = EngineAdmin.for_settings(self.settings, url)
+            return [(url, self._clients[url]) for url in urls]
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients = {}
+
+
+def engines_for(
+    settings: Settings,
+    local: tuple[str, EngineTarget] | None = None,
+    store: Store | None = None,
+) -> EngineTarget:
+    """The engines a deploy reaches: every `engine.admin_urls` entry over HTTP, and with
+    engine.registry every engine registered in `store` with a fresh heartbeat; with neither,
+    the one at `settings.engine_url`. In a serving process, `local` is (its own URL, its
+    engine in process): its own entries are reached in process, and with neither list nor
+    registry it deploys to itself only, as before. One configured engine and no registry:
+    that engine as it is; else a Fleet."""
+    registry = settings.engine.registry and store is not None
+    urls: Sequence[str] = settings.engine.admin_urls
+    if not urls and not registry and local is None:
+        urls = [settings.engine_url]
+    members: list[tuple[str, EngineTarget]] = []
+    own: list[str] = []
+    if local is not None:
+        members.append(local)
+        own = [local[0], settings.engine_advertise_url]
+        urls = [u for u in urls if not any(_same_server(u, o) for o in own)]
+    members += [(url, EngineAdmin.for_settings(settings, url)) for url in urls]
+    if registry:
+        assert store is not None
+        return Fleet(members, Registered(settings, store, own))
+    return members[0][1] if len(members) == 1 else Fleet(members)
+
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
+
+
+def _same_server(url: str, own: str) -> bool:
+    """Whether admin URL `url` names the server at `own` (a serving process's own URL): the
+    same host and port, loopback names counted as one. A replica that does not recognize its
+    own entry (a name only DNS knows) calls itself over HTTP: slower, not wrong."""
+    a, b = urlsplit(url), urlsplit(own)
+    if a.port != b.port:
+        return False
+    hosts = {a.hostname, b.hostname}
+    return len(hosts) == 1 or hosts <= _LOOPBACK
+
+
+def _outcome(
+    call: Callable[[EngineTarget], T], engine: EngineTarget
+) -> tuple[T | None, Exception | None]:
+    try:
+        return call(engine), None
+    except Exception as e:
+        return None, e
+
+
+def _fail(what: str, failed: dict[str, Exception], size: int, note: str = "") -> NoReturn:
+    """Raise for the engines of a fleet of `size` that failed `what`: a fleet of one
+    re-raises its engine's error; a larger one names every failing engine in a DeployError."""
+    first = next(iter(failed.values()))
+    if size == 1:
+        raise first
+    reasons = "; ".join(f"engine {label}: {_message(e)}" for label, e in failed.items())
+    raise DeployError(
+        f"{what} failed on {len(failed)} of {size} engines ({reasons}){note}"
+    ) from first
+
+
+def _unstage_from(
+    members: Sequence[tuple[str, EngineTarget]], name: str, labels: Sequence[str]
+) -> None:
+    for label, engine in members:
+        if label in labels:
+            _unstage(engine, name)
+
+
+def _message(e: Exception) -> str:
+    return e.message if isinstance(e, ReefError) else f"{type(e).__name__}: {e}"
+
+
+def _unstage(engine: EngineTarget, name: str) -> None:
+    try:
+        engine.unload(name)
+    except Exception as e:
+        log.warning("unloading staged %s failed: %s", name, e)

@@ -1,9 +1,10 @@
-"""Deploy a release: stage it in the engine, verify it, then move the head by compare-and-swap.
+"""Deploy a release: stage it in the engines, verify it, then move the head by compare-and-swap.
 
-The head is what a scenario serves, so it moves only after the engine holds the release and a
-smoke generation on it succeeded. If loading or verifying fails (a ReefError, or anything else:
-torch, the OS), or another publisher moved the head first (HeadMoved, 409), the staged variant
-is unloaded and the head stays where it was. Once the head has moved, the rest (refreshing the
+The head is what a scenario serves, so it moves only after every engine that serves it (one, or
+a deploy.engine.Fleet) holds the release and a smoke generation on it succeeded there. If
+loading or verifying fails on any of them (a ReefError, or anything else: torch, the OS), or
+another publisher moved the head first (HeadMoved, 409), the staged variant is unloaded from
+every engine this deploy loaded it on and the head stays where it was. Once the head has moved, the rest (refreshing the
 scenario, the MLflow mirror, unloading variants outside the keep window) can be redone, so a
 failure there is logged and never fails the deploy.
 """
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from deploy.engine import EngineTarget
+from deploy.engine import EngineTarget, Fleet
 from reef.errors import ReefError
 from reef.harness import harness_of
 from reef.records import Release
@@ -40,23 +41,24 @@ def deploy(
     release = _keep_harness(store, release)
     name = variant_name(release.scenario, release.weights_id)
     started = time.monotonic()
-    # Whether this deploy loaded the variant, and so must unload it on failure. A release that
-    # changed only the harness serves weights the engine may hold (and serve) already.
-    staged = False
+    fleet = Fleet.of(engine)
+    # The engines this deploy loaded the variant on, and so must unload it from on failure. A
+    # release that changed only the harness serves weights the engines may hold (and serve).
+    staged: list[str] = []
+    if release.kind != "base":
+        if not release.uri:
+            raise ReefError(f"release {release.id} has no files to deploy")
+        # on every engine, or (unstaged again) on none
+        stage = fleet.stage(name, release.kind, release.uri)
+        staged = stage["staged"]
+        timings["stage_s"] = round(time.monotonic() - started, 3)
+        verified = stage["verify"]
+        # one engine's answer, or each engine's by its label
+        timings["verify"] = next(iter(verified.values())) if len(verified) == 1 else verified
     try:
-        if release.kind != "base":
-            if not release.uri:
-                raise ReefError(f"release {release.id} has no files to deploy")
-            held = name in engine.variants()
-            staged = not held
-            loaded = engine.load(name, release.kind, release.uri)
-            staged = not held and loaded.get("loaded", True) is not False
-            timings["load_s"] = round(time.monotonic() - started, 3)
-            timings["verify"] = engine.verify(name)
         published = store.publish_release(release)
-    except BaseException:  # any failure before the head moved (torch, OS, a kill) unstages
-        if staged:
-            _unstage(engine, name)
+    except BaseException:  # any failure before the head moved (HeadMoved, a kill) unstages
+        fleet.unstage(name, staged)
         raise
     # The head has moved: what follows can be redone, so it never fails the deploy.
     try:
@@ -83,13 +85,19 @@ def retire(store: Store, engine: EngineTarget, scenario: str, keep: int) -> list
     chain = store.list_releases(scenario)
     wanted = {variant_name(scenario, r.weights_id) for r in chain[-max(keep, 1) :]}
     gone = []
-    for name in engine.variants():
-        if name.startswith(f"{scenario}@") and name not in wanted:
-            try:
-                engine.unload(name)
-                gone.append(name)
-            except Exception as e:
-                log.warning("unloading %s failed: %s", name, e)
+    for label, member in Fleet.of(engine).members:  # each engine holds its own set
+        try:
+            held = member.variants()
+        except Exception as e:
+            log.warning("listing the variants of engine %s failed: %s", label, e)
+            continue
+        for name in held:
+            if name.startswith(f"{scenario}@") and name not in wanted:
+                try:
+                    member.unload(name)
+                    gone.append(name)
+                except Exception as e:
+                    log.warning("unloading %s from engine %s failed: %s", name, label, e)
     return gone
 
 
@@ -103,10 +111,3 @@ def _keep_harness(store: Store, release: Release) -> Release:
     if ref is None:
         return release
     return dataclasses.replace(release, metadata={**release.metadata, "harness": ref})
-
-
-def _unstage(engine: EngineTarget, name: str) -> None:
-    try:
-        engine.unload(name)
-    except Exception as e:
-        log.warning("unloading staged %s failed: %s", name, e)

@@ -8,7 +8,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 import pyarrow as pa
@@ -25,6 +25,9 @@ from reef.experience import (
 )
 from reef.records import Record, Report
 from reef.store.base import Store
+
+if TYPE_CHECKING:
+    from reef.artifacts import ArtifactStore
 
 Format = Literal["jsonl", "parquet", "hf"]
 
@@ -108,11 +111,27 @@ def _row(rec: Record, reports: list[Report]) -> dict[str, Any]:
 
 
 def pages(
-    store: Store, scenario: str, page_size: int = PAGE_SIZE
+    store: Store,
+    scenario: str,
+    page_size: int = PAGE_SIZE,
+    *,
+    archive: ArtifactStore | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
-    """The export's rows, a page of records at a time."""
+    """The export's rows, a page of records at a time. With `archive` (the artifact store),
+    the records and reports retention moved there come first (reef.retention), then the
+    database's."""
     store.get_scenario(scenario)  # NotFound before anything is written
     feedback = reports_by_record(store, scenario, page_size)
+    if archive is not None:
+        from reef.retention import archived_records, archived_reports
+
+        live = {rep.id for reps in feedback.values() for rep in reps}
+        for rep in archived_reports(archive, scenario):
+            if rep.id not in live:
+                for rid in dict.fromkeys(rep.references):
+                    feedback.setdefault(rid, []).append(rep)
+        for page in archived_records(store, archive, scenario):
+            yield [_row(rec, feedback.get(rec.id, [])) for rec in page]
     for page in pages_of_records(store, scenario, page_size):
         yield [_row(rec, feedback.get(rec.id, [])) for rec in page]
 
@@ -125,8 +144,10 @@ def export(
     *,
     page_size: int = PAGE_SIZE,
     progress: bool = True,
+    archive: ArtifactStore | None = None,
 ) -> int:
-    """Write the scenario to `path`; returns the number of rows (records) written."""
+    """Write the scenario to `path`; returns the number of rows (records) written. With
+    `archive`, archived records too (see `pages`)."""
     from tqdm import tqdm
 
     bar = tqdm(unit=" records", desc=f"exporting {scenario}", disable=not progress or None)
@@ -142,7 +163,7 @@ def export(
                 jsonl = open(target, "wb")  # noqa: SIM115 - closed below
             else:
                 writer = pq.ParquetWriter(target, SCHEMA, compression="zstd")
-            for rows in pages(store, scenario, page_size):
+            for rows in pages(store, scenario, page_size, archive=archive):
                 if jsonl is not None:
                     jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in rows))
                 elif writer is not None:

@@ -82,6 +82,25 @@ class Variants:
             await self.load(name, release.kind, release.uri)
         return name
 
+    async def catch_up(self) -> list[str]:
+        """Load every scenario's head release: a process that starts after a deploy (a replica
+        that was down during it, or a new one) holds what it serves before the first call
+        asks. Best effort, in order: what fails is logged, and a call loads its head itself."""
+        if not self._deployable:
+            return []
+        loaded = []
+        for scenario in await asyncio.to_thread(self.store.list_scenarios):
+            try:
+                name = await self.model_for(scenario.name, scenario.head_release_id)
+            except Exception as e:  # the first call that needs it tries again (and says why)
+                log.warning("loading the head of %s on start failed: %s", scenario.name, e)
+                continue
+            if name is not None:
+                loaded.append(name)
+        if loaded:
+            log.info("loaded the heads this engine serves: %s", ", ".join(loaded))
+        return loaded
+
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
