@@ -1,23 +1,28 @@
 """How long a batch of feedback takes to be served: seconds from the last report of a batch to
 the first answer served by the release trained on it, through a real `reef serve` with its
-automatic evolve worker (SFT, LoRA, gate `always`).
+automatic evolve worker (SFT, LoRA, the default gate: `improve` on 25 % of the batch held out;
+`--gate always` trains on all of it and skips evaluation).
 
-For each model one server runs; each run makes `--batch-size` calls, reports each (a report per
-receipt, with a correction), starts the clock when the last report's response arrives, then
-polls until an answer's `x-reef-release-id` names a release other than the previous head:
+For each model one server runs; each run makes `--batch-size` (8) calls, reports each (a report
+per receipt, with a correction: a new answer each run, so the candidate has something to beat
+the head on), starts the clock when the last report's response arrives, then polls until an
+answer's `x-reef-release-id` names a release other than the previous head:
 
 - `--poll chat` (default): a chat call (max_tokens 1) every 0.2 s;
 - `--poll head`: `GET /reef/scenarios/{s}/releases` every 0.2 s, then chat calls until one is
   served by the new head. Cheaper: on two cores a chat call every 0.2 s competes with training.
 
 Where the time goes comes from the worker's own records: the task runs of the evolve flow in
-its Prefect database (materialize, validate, train, evaluate, gate, publish, deploy), TRL's
+its Prefect database (materialize, validate, train, evaluate, gate, register, deploy), TRL's
 `train_runtime` in the release's metrics (the rest of the train task is loading the model and
 building the trainer), and the deploy timings the worker logs ("release ... is the head ...").
 The first run of a worker pays its imports (torch, TRL, Great Expectations, MLflow) and is
 reported apart as the cold run. Writes JSON to bench/results/.
 
     .venv/bin/python bench/evolve_latency.py [--models tiny,smollm2] [--runs 5]
+        [--baseline bench/results/evolve_latency-<earlier>.json]
+
+`--baseline` prints each phase's p50 against an earlier run's (e.g. the code before a change).
 
 The machine these numbers come from has two shared cores: the load average is printed with each
 run, and the shares of the total (training, validation, ...) are steadier than the seconds.
@@ -53,19 +58,22 @@ from tests.traffic import report_all, traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCENARIO = "bench-evolve"
-PHASES = [
+PHASES = [  # consecutive: they add up to the run's total
     "trigger",  # last report -> the flow run starts (worker wakes, checks readiness)
     "setup",  # flow start -> materialize (settings, recipe, head)
     "materialize",
     "validate",  # Great Expectations contract
     "prepare",  # dataset load, MLflow run and params
-    "load",  # train task minus TRL's train_runtime: model load, PEFT, trainer init
+    "load",  # train task minus TRL's train_runtime: model load, PEFT, trainer init, save
     "train",  # TRL's train_runtime
-    "evaluate",  # evaluate + gate
-    "publish",  # artifact store + MLflow model version + candidate row
+    "evaluate",  # head and candidate scored on the held-out samples (none with `always`)
+    "gate",  # the gate's paired test
+    "register",  # MLflow metrics + artifact store + MLflow model version + candidate row
     "deploy",  # load adapter in the engine, verify, CAS the head, refresh, MLflow alias
     "serve",  # deploy done -> the first answer from the new release (includes poll interval)
 ]
+REJECTED = 'evolve {"status": "rejected"'
+COLOURS = ["Teal", "Crimson", "Amber", "Indigo", "Olive", "Coral", "Violet", "Ochre"]
 HEAD_LINE = re.compile(r"release (\S+) \(seq \d+\) is the head of \S+: (\{.*\})\s*$")
 
 
@@ -110,9 +118,10 @@ def breakdown(
         "prepare": t["train"][0] - t["validate_snapshot"][1],
         "load": train_task - train_runtime,
         "train": train_runtime,
-        "evaluate": t["gate"][1] - t["evaluate"][0],
-        "publish": t["publish"][1] - t["publish"][0],
-        "deploy": t["deploy"][1] - t["deploy"][0],
+        "evaluate": t["evaluate"][1] - t["train"][1],
+        "gate": t["gate"][1] - t["evaluate"][1],
+        "register": t["register_weights"][1] - t["gate"][1],
+        "deploy": t["deploy"][1] - t["register_weights"][1],
         "serve": t_served - t["deploy"][1],
     }
 
@@ -156,6 +165,10 @@ class Bench:
 
     def run(self, n: int, previous: str, timeout_s: float) -> dict[str, Any]:
         prompt = f"Bench run {n}, question {{i}}: name a colour."
+        # A new answer each run: under the default gate (improve) a candidate must beat the
+        # head on the held-out corrections, which a head already trained on them would not lose.
+        correction = f"{COLOURS[n % len(COLOURS)]}."
+        rejected = self.server.log().count(REJECTED)
         receipts = traffic(
             self.server,
             SCENARIO,
@@ -169,14 +182,18 @@ class Bench:
             self.server,
             SCENARIO,
             receipts,
-            lambda i, rid: {"score": 1.0, "feedback": {"correction": f"Blue, run {n} answer {i}."}},
+            lambda i, rid: {"score": 1.0, "feedback": {"correction": correction}},
         )
         t_report, m_report = time.time(), time.monotonic()
         polls = 0
-        deadline = m_report + timeout_s
+        deadline, next_check = m_report + timeout_s, m_report + 2.0
         while True:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"run {n}: no new release in {timeout_s:.0f}s")
+            if time.monotonic() > next_check:  # the log grows: read it every 2 s, not per poll
+                next_check += 2.0
+                if self.server.log().count(REJECTED) > rejected:
+                    raise RuntimeError(f"run {n}: the gate rejected the candidate (see the log)")
             if self.poll == "head" and self.head()["release_id"] == previous:
                 time.sleep(0.2)
                 continue
@@ -199,7 +216,8 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
         # OMP_NUM_THREADS, which the engine's explicit `threads` overrides in the API process.
         "engine": {"threads": os.cpu_count() or 1},
         "reef": {"recipe": "sft", "batch_size": args.batch_size, "params": params},
-        "gate": {"policy": "always"},
+        # `default`: no gate configured, as a new user has it (policy improve, 25 % held out).
+        **({} if args.gate == "default" else {"gate": {"policy": args.gate}}),
     }
     env = {"OMP_NUM_THREADS": str(args.train_threads)} if args.train_threads else {}
     server = Server(state, model, config, env=env)
@@ -256,6 +274,7 @@ def summarize(
         "model": model,
         "settings": {
             "batch_size": args.batch_size,
+            "gate": args.gate,
             "poll": args.poll,
             "train_threads": args.train_threads or "torch default",
             **params,
@@ -286,13 +305,36 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compare(results: list[dict[str, Any]], baseline: Path) -> str:
+    """Per model and phase: the p50 of an earlier run (`--baseline`, e.g. before a change),
+    this run's, and their ratio."""
+    before = {r["model"]: r for r in json.loads(baseline.read_text())["results"]}
+    lines = ["| model | phase | before s | after s | after ÷ before |", "|---|---|---:|---:|---:|"]
+    for r in results:
+        b = before.get(r["model"])
+        if b is None:
+            continue
+        rows = [("total", b["p50_s"], r["p50_s"])]
+        rows += [(k, b["phase_p50_s"].get(k, 0.0), r["phase_p50_s"][k]) for k in PHASES]
+        for phase, old, new in rows:
+            ratio = f"{new / old:.2f}" if old > 0.05 and new > 0 else "–"
+            lines.append(f"| {r['model']} | {phase} | {old:.1f} | {new:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default="tiny,smollm2")
     p.add_argument("--runs", type=int, default=5, help="measured runs per model")
     p.add_argument("--warmup", type=int, default=1, help="cold runs first, reported apart")
-    p.add_argument("--batch-size", type=int, default=4, help="reef.batch_size: reports per run")
+    p.add_argument("--batch-size", type=int, default=8, help="reef.batch_size: reports per run")
     p.add_argument("--epochs", type=float, default=2.0, help="SFT epochs (batch 4: 1 step each)")
+    p.add_argument(
+        "--gate",
+        choices=["default", "always"],
+        default="default",
+        help="gate.policy; default: none configured (improve, 25 %% of the batch held out)",
+    )
     p.add_argument("--poll", choices=["chat", "head"], default="chat")
     p.add_argument(
         "--train-threads",
@@ -301,16 +343,26 @@ def main() -> int:
         help="torch threads of the evolve worker (OMP_NUM_THREADS); 0: torch's default",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument(
+        "--baseline", type=Path, help="an earlier run's JSON (bench/results/): per-phase ratios"
+    )
     p.add_argument("--keep", action="store_true", help="keep the servers' state directories")
     args = p.parse_args()
     results = [bench_model(m.strip(), args) for m in args.models.split(",") if m.strip()]
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = RESULTS / f"evolve_latency-{stamp}.json"
-    meta = {"machine": platform.node(), "cpus": os.cpu_count(), "argv": sys.argv[1:]}
+    meta = {
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "argv": sys.argv[1:],
+        "load_avg": os.getloadavg(),
+    }
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=2, default=str))
     print("\nseconds from the last report to the first answer of the new release (p50 of the warm "
           "runs; phases: p50 s (p50 share of the run))\n" + table(results))  # fmt: skip
+    if args.baseline:
+        print(f"\nagainst {args.baseline}\n" + compare(results, args.baseline))
     print(f"\nwrote {out}")
     return 0
 

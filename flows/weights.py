@@ -1,8 +1,9 @@
 """The evolve flow's path for weight recipes: train a candidate, score it against the head on
 the same samples, let the gate decide, register it.
 
-Training runs in this worker process (never in the API process), continuing from the head's
-files, with a progress line per logged step. Evaluation loads both models here too.
+Training runs in this worker process (never in the API process), or in `reef.train.processes`
+ranks under accelerate launch on this host, continuing from the head's files, with a progress
+line per logged step. Evaluation loads both models here too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from reef.errors import ReefError
 from reef.gate import Decision
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
 from reef.records import Candidate, Release
-from reef.settings import Settings
+from reef.settings import LoopSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,10 @@ def head_files(settings: Settings, head: Release) -> Path | None:
 
 
 @task(retries=0, cache_policy=NO_CACHE)
-def train(recipe: WeightsRecipe, job: TrainJob) -> Trained:
-    """recipe.train in this worker process, with a progress line per logged step."""
+def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
+    """recipe.train in this worker process, or in `reef.train.processes` processes under
+    accelerate launch on this host (recipes.distributed), with a progress line per logged
+    step."""
     logger = get_run_logger()
     last = [0.0, -1]
 
@@ -72,6 +75,18 @@ def train(recipe: WeightsRecipe, job: TrainJob) -> Trained:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:6])
             logger.info("train step %d/%d %s", step, total, shown)
 
+    if loop.train.processes > 1:
+        from recipes.distributed import launch
+
+        logger.info("training in %d processes (accelerate launch)", loop.train.processes)
+        return launch(
+            recipe,
+            job,
+            processes=loop.train.processes,
+            accelerate_config=loop.train.accelerate_config,
+            threads=loop.train_threads,
+            progress=progress,
+        )
     return recipe.train(job, progress)
 
 
@@ -159,7 +174,7 @@ def candidate(
             seed=settings.reef.seed,
         )
         try:
-            trained = train(recipe, job)
+            trained = train(recipe, job, settings.reef)
         except ReefError as e:
             if e.code != "nothing_to_train":
                 raise
@@ -185,5 +200,6 @@ def candidate(
             metrics=metrics,
             run_id=run_id,
             base_model=model,
+            metadata=trained.metadata,
         )
     return registered, decision

@@ -34,6 +34,7 @@ class DPORecipe(WeightsRecipe):
     kind = "preference"
     contract = ReportContract(score=True)  # only the order of two scores matters
     Params = DPOParams
+    distributed = True  # a TRL Trainer: DDP under accelerate launch
 
     def rows(self, table: pa.Table) -> tuple[list[dict[str, Any]], list[str]]:
         """(TRL conversational preference rows, their sample ids)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from recipes.training import correction
+from recipes.training import correction, shared_base
 from reef.recipe import Scorer
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def load_model(base_model: Path, kind: str, path: Path | None) -> tuple[Any, Any
         assert path is not None
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     else:
-        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+        model = shared_base(base_model)
         if kind == "adapter":
             from peft import PeftModel
 

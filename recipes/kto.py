@@ -41,6 +41,7 @@ class KTORecipe(WeightsRecipe):
     kind = "scored"
     contract = ReportContract(score=True, score_range=(0.0, 1.0), feedback_keys=("correction",))
     Params = KTOParams
+    distributed = True  # a TRL Trainer: DDP under accelerate launch
 
     def rows(self, table: pa.Table, seed: int = 0) -> tuple[list[dict[str, Any]], list[str]]:
         """(TRL unpaired conversational rows with a boolean `label`, the sample ids used).

@@ -42,6 +42,7 @@ class SFTRecipe(WeightsRecipe):
     kind = "scored"
     contract = ReportContract(score=True, score_range=(0.0, 1.0), feedback_keys=("correction",))
     Params = SFTParams
+    distributed = True  # a TRL Trainer: DDP under accelerate launch
 
     def rows(self, table: pa.Table) -> tuple[list[dict[str, Any]], list[str]]:
         """(TRL conversational prompt/completion rows, their sample ids), in table order: a

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +34,42 @@ class LoraParams:
     target_modules: str = "all-linear"
 
 
+# The base model's weights, read once per process: the worker trains and evaluates on the same
+# base round after round (path -> (its files' mtimes, the model)).
+_BASE: dict[Path, tuple[tuple[int, ...], Any]] = {}
+_BASE_LOCK = threading.Lock()
+
+
+def shared_base(path: Path) -> Any:
+    """The base model at `path` for uses that never write its weights (LoRA training, where
+    the base is frozen, and evaluation): a model of its own whose weight tensors are shared
+    with one copy this process keeps in memory, read from disk once (again when the files
+    change). Measured on SmolLM2-135M: 0.1-0.2 s against 0.4-0.5 s for a warm
+    `from_pretrained`, which a round paid three times (train, then the head and the candidate
+    in evaluation). A full fine-tune or a merge writes the weights in place: those load their
+    own copy with `from_pretrained`."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    key = path.resolve()
+    if not key.is_dir():  # not local files (e.g. a hub id): nothing to keep
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    stamp = tuple(f.stat().st_mtime_ns for f in sorted(key.iterdir()) if f.is_file())
+    with _BASE_LOCK:
+        cached = _BASE.get(key)
+        if cached is None or cached[0] != stamp:
+            _BASE.clear()  # one base at a time: the served model's
+            model = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float32)
+            model.requires_grad_(False)
+            cached = _BASE[key] = (stamp, model)
+    kept = cached[1]
+    # New Parameter objects over the same tensors (tied weights stay tied): each copy's
+    # requires_grad and device moves are its own; the modules and buffers are copied.
+    shared = {id(p): torch.nn.Parameter(p.data) for p in kept.parameters()}
+    return copy.deepcopy(kept, memo=shared)
+
+
 def load_policy(job: TrainJob, lora: LoraParams | None) -> tuple[Any, Any]:
     """(model, tokenizer) to train: the head release on top of the base.
 
@@ -49,7 +87,10 @@ def load_policy(job: TrainJob, lora: LoraParams | None) -> tuple[Any, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     source = job.parent_path if job.parent_kind == "checkpoint" else job.base_model
     assert source is not None, "a checkpoint parent needs its files"
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    if lora is not None and source == job.base_model:
+        model = shared_base(job.base_model)  # LoRA leaves the base weights as they are
+    else:  # a full fine-tune or a merge writes the weights: a copy of its own
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if job.parent_kind == "adapter":
         assert job.parent_path is not None
         if lora is not None:
@@ -74,13 +115,23 @@ def save_candidate(model: Any, tokenizer: Any, job: TrainJob) -> ReleaseKind:
     from peft import PeftModel
 
     job.out_dir.mkdir(parents=True, exist_ok=True)
-    if isinstance(model, PeftModel) and job.parent_kind != "checkpoint":
+    if release_kind(model, job) == "adapter":
         model.save_pretrained(str(job.out_dir))
         return "adapter"
     if isinstance(model, PeftModel):
         model = model.merge_and_unload()
     model.save_pretrained(job.out_dir)
     tokenizer.save_pretrained(job.out_dir)
+    return "checkpoint"
+
+
+def release_kind(model: Any, job: TrainJob) -> ReleaseKind:
+    """What `save_candidate` writes for this policy: an adapter (LoRA on the base or on a
+    parent adapter), else a checkpoint (full weights, or LoRA merged into a checkpoint)."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel) and job.parent_kind != "checkpoint":
+        return "adapter"
     return "checkpoint"
 
 
@@ -216,7 +267,12 @@ def fit(
     candidate into `job.out_dir`, and report it with the last logged metrics and `metrics`."""
     trainer.train()
     drop_reference_adapter(trainer.model)
-    kind = save_candidate(trainer.model, tokenizer, job)
+    # Under accelerate launch (recipes.distributed) every rank holds the same trained weights
+    # and rank 0 alone writes them; a single process is rank 0.
+    if trainer.is_world_process_zero():
+        kind = save_candidate(trainer.model, tokenizer, job)
+    else:
+        kind = release_kind(trainer.model, job)
     return Trained(
         kind,
         path=job.out_dir,

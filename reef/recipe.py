@@ -114,6 +114,9 @@ class Trained:
     path: Path
     metrics: dict[str, float] = field(default_factory=dict)
     trained_sample_ids: tuple[str, ...] = ()
+    # Joins the release's metadata (small JSON: what an operator reads on the release, e.g.
+    # tttd's best program and its verified score); metrics stay numbers.
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class Recipe:
@@ -167,6 +170,11 @@ class WeightsRecipe(Recipe, ABC):
     """A recipe whose candidates are new weights (an adapter or a checkpoint)."""
 
     target: ClassVar[Literal["weights", "harness"]] = "weights"
+    # Whether `train` may run in every rank of `accelerate launch` (reef.train.processes > 1,
+    # recipes.distributed): a transformers Trainer that shards the batch and averages the
+    # gradients (DDP), saving through recipes.training.fit on rank 0. A hand-written loop
+    # (sao, openclaw, tttd) would train N copies on the same rows, so it stays False.
+    distributed: ClassVar[bool] = False
 
     @abstractmethod
     def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
@@ -203,6 +211,21 @@ def evolves_with(engine_kind: str, recipe: str) -> bool:
     """Whether `recipe` can evolve a scenario served by this kind of engine: weights need an
     engine whose weights Reef has (embedded, vLLM); a harness recipe works with any engine."""
     return engine_kind != "upstream" or recipe_class(recipe).target == "harness"
+
+
+def distributed_refusal(cls: type[Recipe], processes: int) -> str | None:
+    """Why recipe class `cls` cannot train in `processes` processes, or None when it can."""
+    if processes <= 1 or getattr(cls, "distributed", False):
+        return None
+    able = ", ".join(
+        short
+        for short, path in RECIPES.items()
+        if getattr(recipe_class(path), "distributed", False)
+    )
+    return (
+        f"recipe '{cls.name}' trains in one process: reef.train.processes {processes} needs a "
+        f"recipe that trains under accelerate launch ({able}); set reef.train.processes: 1"
+    )
 
 
 def load_recipe(name: str, params: Mapping[str, Any] | None = None) -> Recipe:

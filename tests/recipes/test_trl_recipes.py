@@ -259,6 +259,27 @@ def test_sft_full_fine_tune_writes_a_checkpoint(
     assert_checkpoint(tmp_path / "lora-on-full")
 
 
+def test_rounds_share_the_base_weights_and_leave_them_as_read(
+    tiny: Path, sft_adapter: Path, tmp_path: Path
+) -> None:
+    """The worker keeps the base model in memory between rounds (recipes.training.shared_base):
+    each round's model shares its tensors, and neither LoRA training (sft_adapter, trained in
+    this process) nor a full fine-tune from the base changes them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from recipes.training import shared_base
+
+    train(fast("sft", full=True, max_steps=1), tiny, sft_table(), tmp_path / "full")
+    first, second = shared_base(tiny), shared_base(tiny)
+    assert first is not second
+    for a, b in zip(first.parameters(), second.parameters(), strict=True):
+        assert a is not b and a.data_ptr() == b.data_ptr()
+    disk = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).state_dict()
+    for name, tensor in first.state_dict().items():
+        assert torch.equal(tensor, disk[name]), name
+
+
 def test_sft_with_nothing_to_learn_says_why(tiny: Path, tmp_path: Path) -> None:
     table = scored([(q, BAD, 0.0, None) for q in QUESTIONS])
     with pytest.raises(ReefError) as e:
