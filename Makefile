@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions smollm2 clean
+.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions smollm2 clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -55,12 +55,20 @@ run: venv smollm2
 	$(BIN)/reef serve --host $(HOST) --port $(PORT) --state-dir $(STATE_DIR) --model smollm2
 
 # The default suite: everything but the slow, loop and vLLM tests (fast by design, < 4 min).
+# pytest-xdist runs it on every core, a test file per worker at a time (module fixtures such as
+# a served app or a Prefect server start once per file, not once per test).
+TEST_WORKERS ?= auto
 test: venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # End-to-end learning loops on the tiny model: the evolve flow or worker trains and deploys.
 test-loop: venv
 	$(BIN)/pytest -m loop $(PYTEST_ARGS)
+
+# Scale-out proof: 3 reef serve replicas on one Postgres, moto S3, MLflow and Prefect servers and
+# a pool worker, all separate processes (tests/scale; 3-4 min on 2 cores, docs/scale.md).
+test-scale: venv
+	$(BIN)/pytest -m scale $(PYTEST_ARGS)
 
 # The dashboard in a real browser: Debian's Chromium (apt-get install chromium) driven by
 # Playwright, on a reef serve with its evolve worker (the operator's loop, ~2-4 min).

@@ -100,6 +100,9 @@ def test_prefect_yaml_declares_the_deployments() -> None:
     assert names["evolve"]["entrypoint"] == names["evolve-hourly"]["entrypoint"]
 
 
+# The two below start a `prefect deploy --all` and a pool worker process (~1-2 min together):
+# they run with the learning loops (make test-loop), the static check above in the fast suite.
+@pytest.mark.loop
 def test_deploy_all_creates_the_deployments(deployed: str, api: str) -> None:
     async def read(client: Any) -> dict[str, Any]:
         return {
@@ -133,6 +136,7 @@ def test_deploy_all_creates_the_deployments(deployed: str, api: str) -> None:
     assert deps["instruct/instruct"].entrypoint == "flows/instruct.py:instruct"
 
 
+@pytest.mark.loop
 def test_run_once_submits_and_a_pool_worker_runs_it(
     deployed: str, api: str, server: dict[str, Any]
 ) -> None:
@@ -162,6 +166,9 @@ def test_run_once_submits_and_a_pool_worker_runs_it(
     out = worker.run_once(settings, SCENARIO, str(config), overrides)
 
     assert out["status"] == "submitted"
+    # Another replica's worker that sees the same batch ready finds the run in flight.
+    again = worker.run_once(settings, SCENARIO, str(config), overrides)
+    assert again == {"status": "in_flight", "flow_run_id": out["flow_run_id"]}
 
     async def read_run(client: Any) -> tuple[Any, str]:
         run = await client.read_flow_run(out["flow_run_id"])
@@ -187,3 +194,4 @@ def test_run_once_submits_and_a_pool_worker_runs_it(
     run, _ = _read(read_run)
     assert run.state.type == StateType.COMPLETED, f"{run.state}\n{logs[-4000:]}"
     assert f"{SCENARIO}: 0 eligible samples of 7 needed" in logs
+    assert worker.in_flight_run(SCENARIO) is None  # done: the next ready batch gets a run
