@@ -15,7 +15,7 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 import reef
-from api import errors, ui
+from api import errors, registration, ui
 from api.auth import Authenticator
 from api.evolver import Evolver
 from api.guard import BrowserGuard, allowed_hosts
@@ -36,6 +36,7 @@ from api.routes import reef as reef_routes
 from api.routes import rollouts as rollout_routes
 from api.services import LocalEngine, Services
 from deploy.chain import ReleaseChain
+from deploy.engine import Fleet, engines_for
 from reef.artifacts import artifacts_for
 from reef.engines.base import Deployable, Engine
 from reef.harness import HarnessCache
@@ -43,6 +44,7 @@ from reef.limits import Limits
 from reef.rollouts import Rollouts
 from reef.serving import Serving
 from reef.settings import Settings
+from reef.shadow import Shadows
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
 from reef.store.sql import open_store
@@ -119,8 +121,19 @@ def create_app(
         harnesses=harnesses,
         limits=Limits.from_settings(settings),
         rollouts=Rollouts(store, settings.rollout),
+        shadows=Shadows(
+            store,
+            settings.rollout,
+            gate_scorer=settings.gate.scorer,
+            judging=settings.judge,
+            on_outcome=lambda scenario, outcome: metrics.shadow.labels(scenario, outcome).inc(),
+        ),
     )
     local = LocalEngine(engine, serving, variants)
+    # Rollbacks, promotes and harness releases through this process reach every engine that
+    # serves the scenarios (engine.admin_urls, engine.registry): this one in process, the
+    # others over HTTP.
+    engines = engines_for(settings, (settings.server_url, local), store)
     svc = Services(
         settings=settings,
         engine=engine,
@@ -130,7 +143,7 @@ def create_app(
         auth=Authenticator(settings.auth.tokens, engine_token),
         metrics=metrics,
         artifacts=artifacts,
-        chain=ReleaseChain(settings, store, artifacts, local, harnesses),
+        chain=ReleaseChain(settings, store, artifacts, engines, harnesses),
         local=local,
         variants=variants,
         evolver=evolver,
@@ -142,6 +155,15 @@ def create_app(
         local.bind(asyncio.get_running_loop())
         await committer.start()
         await engine.start()
+        # Heads deployed while this process was down are loaded now, not by a first call.
+        catch_up = asyncio.create_task(variants.catch_up()) if variants is not None else None
+        beating = None
+        if settings.engine.registry:  # deploys made anywhere reach this engine from now on
+            own = settings.engine_advertise_url
+            await registration.register(store, own)
+            beating = asyncio.create_task(
+                registration.heartbeat(store, own, settings.engine.heartbeat_s)
+            )
         if evolver is not None:
             evolver.start()
         assert serving.rollouts is not None
@@ -157,10 +179,19 @@ def create_app(
             yield
         finally:
             watcher.cancel()
+            if catch_up is not None:
+                catch_up.cancel()
+            if beating is not None:  # leave the registry first: deploys stop coming here
+                beating.cancel()
+                await asyncio.gather(beating, return_exceptions=True)
+            if serving.shadows is not None:
+                await serving.shadows.drain()  # the copies in flight are stored, not lost
             if evolver is not None:
                 await asyncio.to_thread(evolver.stop)
             await committer.aclose()  # flush what is pending before anything goes away
             await engine.aclose()
+            if isinstance(engines, Fleet):
+                engines.close()  # its HTTP clients of the other engines
             store.close()
 
     app = FastAPI(

@@ -22,6 +22,7 @@ from reef.settings import Settings
 from reef.store.base import Store
 from reef.store.browse import Browse
 from reef.store.commits import GroupCommitter
+from reef.store.ui_sessions import UISessions
 from reef.variants import Variants
 from reef.wire import SCENARIO_PATTERN
 
@@ -49,6 +50,11 @@ class Services:
     def browse(self) -> Browse:
         """The dashboard's read-only, index-bounded queries over this store."""
         return Browse(self.store)
+
+    @functools.cached_property
+    def ui_sessions(self) -> UISessions:
+        """The dashboard's sign-in sessions, in the database every replica shares."""
+        return UISessions(self.store)
 
 
 class LocalEngine:

@@ -1,7 +1,7 @@
 """The `reef` command: `reef serve` starts the API with its engine; `reef token` makes a token;
 `reef export` writes a scenario's experience to a file; `reef evolve` runs the evolve flow;
 `reef releases|rollback|promote` call a running server's admin routes; `reef gc` finishes
-scenario deletions."""
+scenario deletions and applies retention."""
 
 from __future__ import annotations
 
@@ -73,8 +73,13 @@ def export(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, **_overrides(args))
     fmt = format_for(args.output, args.format)
     store = open_store(settings.database_url)
+    archive = None
+    if args.include_archive:
+        from reef.artifacts import artifacts_for
+
+        archive = artifacts_for(settings)
     try:
-        n = write(store, args.scenario, args.output, fmt, progress=not args.quiet)
+        n = write(store, args.scenario, args.output, fmt, progress=not args.quiet, archive=archive)
     finally:
         store.close()
     print(f"reef: exported {n} records of '{args.scenario}' to {args.output} ({fmt})")
@@ -101,17 +106,28 @@ def evolve(args: argparse.Namespace) -> int:
 
 def gc(args: argparse.Namespace) -> int:
     """Finish scenario deletions: remove what deleted scenarios left in the artifact store and
-    MLflow (their tombstones say which); what fails stays pending for the next run."""
+    MLflow (their tombstones say which); what fails stays pending for the next run. Then, with
+    `store.retention_days`, archive and delete old records and reports (reef.retention)."""
     from reef.artifacts import artifacts_for
     from reef.deletion import collect_garbage
+    from reef.retention import apply_retention
     from reef.store.sql import open_store
 
     settings = load_settings(args.config, **_overrides(args))
     store = open_store(settings.database_url)
+    artifacts = artifacts_for(settings)
     try:
-        results = collect_garbage(store, settings, artifacts_for(settings))
+        results = collect_garbage(store, settings, artifacts)
+        archived = apply_retention(store, settings, artifacts)
     finally:
         store.close()
+    for a in archived:
+        if a.records or a.reports or a.kept:
+            print(
+                f"reef gc: {a.scenario}: archived {a.records} records and {a.reports} reports "
+                f"older than {a.cutoff:%Y-%m-%d %H:%M} UTC in {len(a.files)} files; "
+                f"{a.kept} old records kept for a pending batch"
+            )
     if not results:
         print("reef gc: no deleted scenario left anything behind")
     for r in results:
@@ -160,19 +176,40 @@ def move_head(args: argparse.Namespace) -> int:
 
 
 def rollout(args: argparse.Namespace) -> int:
-    """`reef rollout status|promote|abort --scenario S`: a live canary, or end it now."""
+    """`reef rollout status|promote|abort --scenario S`: a live canary, shadow or A/B split, or
+    end it now (`--release`: which release of an A/B split promote keeps)."""
     path = f"/reef/scenarios/{args.scenario}/rollout"
     if args.action == "status":
         r = _admin_call(args, "GET", path)
-        print(
-            f"reef: canary {r['canary_release_id']} vs control {r['control_release_id']} "
-            f"({r['share']:.0%} of sessions by {r['sticky']}, since {r['started_at'][:19]})"
-        )
+        if r.get("mode") == "ab":
+            print(
+                f"reef: A/B split, {r['share']:.0%} of sessions on b by {r['sticky']}, "
+                f"since {r['started_at'][:19]}"
+            )
+            for name, arm in r["arms"].items():
+                mean = "–" if arm["mean"] is None else f"{arm['mean']:.3f}"
+                low, high = arm["interval"]
+                print(
+                    f"reef:   {name} {arm['release_id']}: n={arm['n']} mean={mean} "
+                    f"[{low:.3f}, {high:.3f}]"
+                )
+        else:
+            shadow = r.get("mode") == "shadow"
+            serves = "of calls copied" if shadow else f"of sessions by {r['sticky']}"
+            print(
+                f"reef: {'shadow' if shadow else 'canary'} {r['canary_release_id']} vs control "
+                f"{r['control_release_id']} ({r['share']:.0%} {serves}, "
+                f"since {r['started_at'][:19]})"
+            )
         print(f"reef: {r['verdict']['outcome']}: {r['verdict']['reason']}")
         if r.get("abort"):
             print(f"reef: the guardrail would abort it: {r['abort']}")
         return 0
-    body = {"reason": args.reason} if args.action == "abort" and args.reason else None
+    body: dict[str, str] | None = None
+    if args.action == "abort" and args.reason:
+        body = {"reason": args.reason}
+    if args.action == "promote" and args.release:
+        body = {"release_id": args.release}
     r = _admin_call(args, "POST", f"{path}/{args.action}", body)
     print(f"reef: rollout {args.action}: release {r['release_id']} (seq {r['seq']}) is the head")
     return 0
@@ -214,6 +251,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--state-dir", type=Path, help="where the SQLite DB is (default ./.reef)")
     e.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.add_argument(
+        "--include-archive",
+        action="store_true",
+        help="also the records and reports retention archived to the artifact store",
+    )
     e.set_defaults(func=export)
 
     v = sub.add_parser("evolve", help="evolve a scenario now from its eligible experience")
@@ -240,17 +282,22 @@ def parser() -> argparse.ArgumentParser:
         r.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
         r.set_defaults(func=releases if name == "releases" else move_head)
 
-    ro = sub.add_parser("rollout", help="a scenario's live canary: status, promote or abort")
+    ro = sub.add_parser(
+        "rollout", help="a scenario's live canary, shadow or A/B split: status, promote or abort"
+    )
     ro.add_argument("action", choices=["status", "promote", "abort"])
     ro.add_argument("--scenario", required=True)
     ro.add_argument("--reason", help="abort: why (recorded on the rollback release)")
+    ro.add_argument("--release", help="promote, A/B split: the release kept (default: b)")
     ro.add_argument("-c", "--config", type=Path, help="YAML settings file")
     ro.add_argument("--url", help="the reef server (default: from the settings)")
     ro.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
     ro.set_defaults(func=rollout)
 
     c = sub.add_parser(
-        "gc", help="finish scenario deletions: remove their files and MLflow entries"
+        "gc",
+        help="finish scenario deletions (their files and MLflow entries), then archive "
+        "records and reports older than store.retention_days",
     )
     c.add_argument("-c", "--config", type=Path, help="YAML settings file (as for reef serve)")
     c.add_argument("--state-dir", type=Path, help="state directory (default ./.reef)")

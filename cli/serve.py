@@ -38,6 +38,7 @@ def build_engine(settings: Settings) -> Engine:
         max_batch_size=cfg.max_batch_size,
         default_max_tokens=settings.default_max_tokens,
         threads=cfg.threads,
+        sampling_defaults=cfg.sampling_defaults,
     )
 
 
@@ -53,14 +54,20 @@ def serve(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     )
     settings.server.state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
-    evolver, engine_token = None, None
+    # The admin token deploys bring: a fleet's engines (engine.admin_urls) share the configured
+    # reef.engine_token, which this server accepts on its admin routes and its worker sends.
+    configured = settings.reef.engine_token
+    engine_token = configured.get_secret_value() if configured is not None else None
+    evolver = None
     if settings.reef.auto:  # the worker evolves scenarios and runs users' jobs (/reef/train)
         from api.auth import new_token
         from api.evolver import Evolver
 
-        # The worker's deploys come back to this server's admin routes with this token; it
-        # lives as long as the process and is handed over in the worker's environment only.
-        engine_token = new_token() if settings.auth.tokens else None
+        # Without one configured, the worker's deploys come back to this server's admin routes
+        # with a token that lives as long as the process, handed over in the worker's
+        # environment only.
+        if engine_token is None and settings.auth.tokens:
+            engine_token = new_token()
         evolver = Evolver(args.config, overrides, engine_token, settings.server.state_dir)
     app = create_app(settings, engine, evolver=evolver, engine_token=engine_token)
     url = f"http://{settings.server.host}:{settings.server.port}"

@@ -89,8 +89,10 @@ def register_weights(
     metrics: dict[str, float],
     run_id: str,
     base_model: Path,
+    metadata: dict[str, Any] | None = None,
 ) -> Candidate:
-    """Register trained weights as a candidate (pending, or rejected with the gate's reason)."""
+    """Register trained weights as a candidate (pending, or rejected with the gate's reason);
+    `metadata` (the recipe's, Trained.metadata) joins its release's metadata."""
     with ReleaseChain.for_settings(settings) as chain:
         return chain.add_weights_candidate(
             head,
@@ -102,7 +104,7 @@ def register_weights(
             metrics=metrics,
             run_id=run_id,
             base_model=str(base_model),
-            provenance=provenance(),
+            provenance={**(metadata or {}), **provenance()},
         )
 
 
@@ -185,10 +187,10 @@ def release(
             consumed()
             with ReleaseChain.for_settings(settings) as chain:
                 return {"status": chain.reject(candidate, note).status}
-    if settings.rollout.for_scenario(candidate.scenario).mode == "canary":
+    if settings.rollout.for_scenario(candidate.scenario).mode in ("canary", "shadow"):
         started = start_canary(settings, candidate)
         consumed()
-        mlflow.set_tag("reef.rollout", "canary")
+        mlflow.set_tag("reef.rollout", settings.rollout.for_scenario(candidate.scenario).mode)
         return {"status": started.status, "release_id": started.id}
     published = deploy(settings, candidate, approval)
     consumed()
@@ -199,8 +201,9 @@ def release(
 @task(retries=0, cache_policy=NO_CACHE)
 def start_canary(settings: Settings, candidate: Candidate) -> Candidate:
     """Stage and verify the candidate in the serving engine and make it the scenario's canary
-    (rollout.mode canary): it serves a share of sessions; the head stays until the rollout's
-    test (or an admin) promotes or rolls it back (deploy.rollout)."""
+    (rollout.mode canary): it serves a share of sessions, or (mode shadow) answers copies of
+    calls; the head stays until the rollout's test (or an admin) promotes or rolls it back
+    (deploy.rollout)."""
     from deploy import rollout
 
     with ReleaseChain.for_settings(settings) as chain:

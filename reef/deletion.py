@@ -4,8 +4,10 @@
 jobs) and writes a tombstone in the same transaction: that commit is the deletion. What the
 database cannot take with it goes next, by `finish`:
 
-- artifact-store keys under ``datasets/<s>/``, ``releases/<s>/``, ``harness/<s>/`` and
-  ``harness-eval/<s>/`` (dataset snapshots, release files, harness trees, evaluation caches),
+- artifact-store keys under ``datasets/<s>/``, ``releases/<s>/``, ``harness/<s>/``,
+  ``harness-eval/<s>/``, ``archive/<s>/``, ``figures/<s>/`` and ``discover/<s>/`` (dataset
+  snapshots, release files, harness trees, evaluation caches, rows retention archived, demo
+  figures, discovery archives),
   and this process's local copies of them under ``<state_dir>/cache/``;
 - MLflow's registered model ``reef-<s>`` with its versions, and the runs and logged models of
   experiment ``reef/<s>`` with their artifacts (`reef.registry.removal`).
@@ -36,7 +38,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Artifact-store key prefixes that hold one scenario's files under `<prefix>/<scenario>/`.
-ARTIFACT_PREFIXES = ("datasets", "releases", "harness", "harness-eval")
+ARTIFACT_PREFIXES = (
+    "datasets",
+    "releases",
+    "harness",
+    "harness-eval",
+    "archive",
+    "figures",  # demo and bench figures per release (reef.figures)
+    "discover",  # the discovery harness's archives (demo.discover)
+)
 
 
 @dataclass(frozen=True)

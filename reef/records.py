@@ -205,6 +205,26 @@ class Record:
 
 
 @dataclass(frozen=True)
+class ShadowRecord:
+    """A shadow rollout's answer to a copy of a served call (reef.shadow): never shown to the
+    user, never experience, kept apart from the records. `record_id` is the head's record of
+    the same request (its request and answer); the scores put both answers on one scorer."""
+
+    id: str  # "shd_..."
+    scenario: str
+    created_at: datetime
+    record_id: str
+    release_id: str  # the shadow candidate that answered
+    control_release_id: str  # the release that served the user
+    response: dict[str, Any] | None  # None when the shadow call failed
+    timings: dict[str, float] = field(default_factory=dict)
+    score: float | None = None  # the candidate's answer
+    control_score: float | None = None  # the head's answer to the same request
+    scored_by: str | None = None
+    error: str | None = None  # why there is no answer, or no score
+
+
+@dataclass(frozen=True)
 class Consumption:
     """A consumption receipt: `record_id` was trained on by `recipe` in `batch_id`, so late or
     repeated feedback never trains it again for that recipe."""

@@ -17,12 +17,14 @@ from typing import Any
 
 from reef import anthropic
 from reef.engines.base import Completion, Engine, ServesResponses
+from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, UnknownModel
 from reef.harness import Harness, HarnessCache
 from reef.limits import Limits
 from reef.records import Record, Scenario, new_id, utcnow
 from reef.rollouts import ARM_TAG, ROLLOUT_TAG, Rollouts, served_release
 from reef.sessions import candidate_hashes, record_state_hash
+from reef.shadow import Shadows
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
 from reef.variants import Variants
@@ -56,6 +58,9 @@ class Call:
     # A Responses body the engine's server answers itself (ServesResponses): `engine_body` is
     # the client's body and goes to `respond` / `respond_stream` instead of the chat methods.
     native: bool = False
+    # The engine body before the head's variant and harness went in: what a shadow rollout's
+    # candidate gets, with its own (reef.shadow).
+    base_body: dict[str, Any] | None = None
 
     @property
     def release_id(self) -> str:
@@ -90,10 +95,13 @@ class Serving:
         harnesses: HarnessCache | None = None,
         limits: Limits | None = None,
         rollouts: Rollouts | None = None,
+        shadows: Shadows | None = None,
     ):
         self.engine = engine
         # Live canaries: which arm (release) serves a call, and each arm's health.
         self.rollouts = rollouts
+        # Shadow rollouts: copies of calls answered by the candidate after the user's answer.
+        self.shadows = shadows
         # What one request may ask for (the routes check their bodies against it).
         self.limits = limits if limits is not None else Limits(max_tokens=max_tokens_cap)
         # The harness a scenario's head carries, injected into requests when its config says so.
@@ -186,6 +194,7 @@ class Serving:
         Raises IdempotencyKeyReused (409) when the key names a different request body.
         """
         record_id = new_id("rec")
+        base_body = engine_body
         if self.rollouts is not None:
             arm = await self.rollouts.arm(
                 scenario,
@@ -228,6 +237,7 @@ class Serving:
                     idempotency_key,
                     replay=stored,
                     native=native,
+                    base_body=base_body,
                 )
         try:
             session = await self._session(
@@ -249,6 +259,7 @@ class Serving:
             idempotency_key,
             session.claim,
             native=native,
+            base_body=base_body,
         )
 
     async def _with_harness(
@@ -419,7 +430,7 @@ class Serving:
             logprobs=done.logprobs,
             topk=done.topk,
             timings=timings,
-            tags=call.tags,
+            tags={**call.tags, **sampling_tags(done.sampling)},
             session_id=call.session_id,
             turn=call.turn,
             parent_id=call.parent_id,
@@ -449,7 +460,40 @@ class Serving:
             raise
         self._end(call, record)
         self._observe(call, None, t0)
+        self._shadow(call, record, done)
         return record, done
+
+    def _shadow(self, call: Call, record: Record, done: Completion) -> None:
+        """Copy this answered call to the scenario's shadow candidate, when the sample and the
+        bound allow: nothing here waits (reef.shadow runs the copy as a background task, and
+        looks the candidate up there)."""
+        shadows, rollouts = self.shadows, self.rollouts
+        if shadows is None or rollouts is None or call.native or call.base_body is None:
+            return
+        name = call.scenario.name
+        if call.replay is not None or not shadows.active(name) or not shadows.take(name):
+            return
+        body = {k: v for k, v in call.base_body.items() if k not in ("stream", "stream_options")}
+
+        async def candidate() -> str | None:
+            # Only copies answered by the head the candidate was made on compare the two (after
+            # a promote, or with the head moved, the cached candidate may be stale a moment).
+            live = await rollouts.canary(name)
+            return live.id if live is not None and live.parent_id == record.release_id else None
+
+        async def answer(release_id: str) -> dict[str, Any]:
+            prepared = body
+            if self.variants is not None:
+                variant = await self.variants.model_for(name, release_id)
+                if variant is not None:
+                    prepared = {**prepared, "model": variant}
+            if self.harnesses is not None:
+                scenario = dataclasses.replace(call.scenario, head_release_id=release_id)
+                prepared, _ = await self._with_harness(scenario, prepared, {})
+            return (await self.engine.complete(prepared)).response
+
+        messages = body.get("messages") or []
+        shadows.launch(record, messages, done.response, candidate, answer)
 
     def _observe(self, call: Call, error: BaseException | None, t0: float) -> None:
         """A rollout arm's call outcome for its guardrail: a server-side failure (an engine
@@ -513,6 +557,7 @@ class Serving:
                     f"request first ({e.message}); retry to receive its answer"
                 ) from e
             record = made
+            self._shadow(call, record, item)
             yield record, item
         finally:
             self._end(call, record)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -17,7 +26,7 @@ from pydantic_settings import (
 )
 
 from reef.errors import ConfigError
-from reef.recipe import RECIPES
+from reef.recipe import RECIPES, distributed_refusal, recipe_class
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
@@ -161,16 +170,57 @@ class EngineSettings(_Section):
     vllm_host: str = Field(
         "127.0.0.1", description="vllm: the address a launched vLLM binds (--host)"
     )
+    sampling_defaults: dict[str, float] | None = Field(
+        None,
+        description="temperature / top_p given to a request that leaves them out. Unset: "
+        "embedded applies the model's generation_config.json (as vLLM does itself), upstream "
+        "and vllm send nothing; {} applies none",
+    )
     allow_local_paths: bool = Field(
         False,
         description="the admin load routes also take any local directory, not only the "
         "artifact-store files of the named scenario's releases and candidates",
+    )
+    admin_urls: tuple[str, ...] = Field(
+        (),
+        description="admin URLs of every engine that serves the scenarios (reef serve "
+        "replicas, or vLLM servers behind a Reef): a deploy stages and verifies on all of them "
+        "before the head moves; empty: the one at reef.engine_url",
+    )
+    registry: bool = Field(
+        False,
+        description="reef serve registers its engine in the database with a heartbeat, and "
+        "deploys also reach every registered engine whose heartbeat is fresh",
+    )
+    advertise_url: str | None = Field(
+        None,
+        description="registry: the admin URL other processes reach this server at; default: "
+        "http://<server.host>:<server.port>",
+    )
+    heartbeat_s: float = Field(10.0, gt=0, description="registry: how often it says it is alive")
+    registry_ttl_s: float = Field(
+        30.0,
+        gt=0,
+        description="registry: a registered engine silent this long is left out of deploys "
+        "(it loads the head when it starts again)",
     )
 
     @field_validator("model_cache", "vllm_python")
     @classmethod
     def _expand_cache(cls, v: Path) -> Path:
         return v.expanduser()
+
+    @field_validator("sampling_defaults")
+    @classmethod
+    def _sampling_ranges(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        unknown = sorted(set(v or ()) - {"temperature", "top_p"})
+        if unknown:
+            raise ValueError(f"sampling_defaults takes temperature and top_p, not {unknown}")
+        if v and not 0 <= v.get("temperature", 0) <= 2:
+            raise ValueError("sampling_defaults.temperature must be between 0 and 2")
+        if v and not 0 < v.get("top_p", 1) <= 1:
+            raise ValueError("sampling_defaults.top_p must be in (0, 1]")
+        return v
 
     @field_validator("vllm_url")
     @classmethod
@@ -179,12 +229,29 @@ class EngineSettings(_Section):
             raise ValueError("vllm_url must be an http(s) URL (the server's root, without /v1)")
         return v.rstrip("/").removesuffix("/v1") if v else v
 
+    @field_validator("admin_urls")
+    @classmethod
+    def _admin_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(_server_root(url) for url in v))
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _advertise_url(cls, v: str | None) -> str | None:
+        return _server_root(v) if v is not None else v
+
     @field_validator("upstream_url")
     @classmethod
     def _v1_url(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://", v):
             raise ValueError("upstream_url must be an http(s) URL ending in /v1")
         return v.rstrip("/") if v else v
+
+
+def _server_root(url: str) -> str:
+    """An engine's admin URL: a server's http(s) root, without a trailing slash."""
+    if not re.match(r"^https?://[^/]", url):
+        raise ValueError(f"'{url}' is not an http(s) URL (a server's root)")
+    return url.rstrip("/")
 
 
 class StoreSettings(_Section):
@@ -198,6 +265,15 @@ class StoreSettings(_Section):
         description="group commit: extra wait for company before a commit (0: natural batching only)",
     )
     commit_max_batch: int = Field(512, ge=1)
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="archive records and reports older than this to parquet in the artifact "
+        "store, then delete their rows (reef.retention); None: keep forever",
+    )
+    retention_batch: int = Field(
+        5000, ge=1, description="rows archived and deleted per transaction (short locks)"
+    )
 
 
 class ArtifactSettings(_Section):
@@ -229,6 +305,22 @@ class AuthSettings(_Section):
     tokens: tuple[TokenSettings, ...] = ()
 
 
+class TrainSettings(_Section):
+    """How a weights recipe's training runs on the worker host (recipes.distributed)."""
+
+    processes: int = Field(
+        1,
+        ge=1,
+        description="training processes on the worker host; > 1 runs the recipe under "
+        "`accelerate launch` with DDP (gloo on CPU, NCCL on GPUs): sft, kto, dpo",
+    )
+    accelerate_config: Path | None = Field(
+        None,
+        description="an `accelerate config` YAML (multi-GPU, FSDP, DeepSpeed) on the worker "
+        "host, for processes > 1; None: plain DDP over the host's GPUs, or its CPU",
+    )
+
+
 class LoopSettings(_Section):
     """The learning loop's keys (the seed's `reef:` section); used from the experience stream on."""
 
@@ -247,7 +339,8 @@ class LoopSettings(_Section):
     )
     engine_token: SecretStr | None = Field(
         None,
-        description="admin token deploys send to engine_url (reef serve makes one for its worker)",
+        description="admin token deploys send to engine_url / engine.admin_urls, which reef "
+        "serve also accepts on its admin routes (unset: it makes one for its worker)",
     )
     schedule_s: float | None = Field(
         None, gt=0, description="also check every scenario for a ready batch this often"
@@ -259,6 +352,7 @@ class LoopSettings(_Section):
         "1 leaves the other cores to the serving engine",
     )
     seed: int = 0
+    train: TrainSettings = TrainSettings()
 
     @field_validator("recipe")
     @classmethod
@@ -267,6 +361,16 @@ class LoopSettings(_Section):
             names = ", ".join(sorted(RECIPES))
             raise ValueError(f"recipe must be one of {names} or a dotted path pkg.module:Class")
         return v
+
+    @model_validator(mode="after")
+    def _distributed(self) -> LoopSettings:
+        """A recipe that cannot train in several processes is refused at start, not when its
+        first batch is ready."""
+        if self.train.processes > 1:
+            refused = distributed_refusal(recipe_class(self.recipe), self.train.processes)
+            if refused:
+                raise ValueError(refused)
+        return self
 
 
 class GuardSettings(_Section):
@@ -354,15 +458,58 @@ class JudgeSettings(_Section):
         return v
 
 
+class ShadowSettings(_Section):
+    """rollout.mode shadow: the candidate answers copies of a sample of calls, off the request
+    path, and the copies are scored against the head's answers (reef.shadow)."""
+
+    sample: float = Field(0.1, gt=0.0, le=1.0, description="share of calls copied to it")
+    max_concurrency: int = Field(
+        4, ge=1, description="shadow calls in flight per process; a copy beyond it is dropped"
+    )
+    scorer: str | None = Field(
+        None,
+        description="pkg.module:fn(completions, prompts=...) -> list[float] in [0, 1] scoring "
+        "each answer; default gate.scorer, else the judge (judge.function or judge.url)",
+    )
+
+    @field_validator("scorer")
+    @classmethod
+    def _dotted(cls, v: str | None) -> str | None:
+        if v is not None and not _DOTTED.fullmatch(v):
+            raise ValueError("shadow.scorer must be a dotted path pkg.module:function")
+        return v
+
+
+class ABSettings(_Section):
+    """rollout.mode ab: a fixed, sticky split between two named releases, kept until an
+    operator ends it (reef.rollouts)."""
+
+    releases: tuple[str, ...] = Field(
+        (), description="[a, b]: the two release ids compared (both on the scenario's chain)"
+    )
+    share: float = Field(0.5, gt=0.0, lt=1.0, description="share of sessions release b serves")
+
+    @field_validator("releases")
+    @classmethod
+    def _pair(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if v and (len(v) != 2 or v[0] == v[1]):
+            raise ValueError("ab.releases names two different release ids: [a, b]")
+        return v
+
+
 class RolloutSettings(_Section):
     """How an accepted release reaches live traffic (reef.rollouts); `scenarios` overrides any
     key per scenario."""
 
-    mode: Literal["immediate", "canary"] = Field(
+    mode: Literal["immediate", "canary", "shadow", "ab"] = Field(
         "immediate",
         description="immediate: the head moves at once; canary: a sticky share of sessions "
-        "first, promoted or rolled back by a sequential test on their reports",
+        "first, promoted or rolled back by a sequential test on their reports; shadow: the "
+        "candidate answers copies of calls, scored against the head's, and the same test "
+        "decides; ab: a fixed split between ab.releases until an operator ends it",
     )
+    shadow: ShadowSettings = ShadowSettings()
+    ab: ABSettings = ABSettings()
     share: float = Field(0.1, gt=0.0, lt=1.0, description="canary: share of sessions it serves")
     sticky: str = Field(
         "session",
@@ -391,8 +538,12 @@ class RolloutSettings(_Section):
         if not override:
             return self
         base = self.model_dump(exclude={"scenarios"})
+        merged = {**base, **override}
+        for section in ("shadow", "ab"):  # a section's keys override one by one
+            if isinstance(override.get(section), dict):
+                merged[section] = {**base[section], **override[section]}
         try:
-            return RolloutSettings.model_validate({**base, **override})
+            return RolloutSettings.model_validate(merged)
         except ValidationError as e:
             raise ConfigError(f"rollout.scenarios.{name}: {_describe(e)}") from None
 
@@ -405,6 +556,21 @@ class TrackingSettings(_Section):
     artifact_location: str | None = Field(
         None, description="where MLflow stores run artifacts; default: <artifacts url>/mlflow"
     )
+
+
+class PrefectSettings(_Section):
+    ui_url: str | None = Field(
+        None,
+        description="the Prefect UI the dashboard links flow runs to; default: PREFECT_UI_URL, "
+        "else PREFECT_API_URL without its /api suffix",
+    )
+
+    @field_validator("ui_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// address")
+        return v
 
 
 class Settings(BaseSettings):
@@ -422,6 +588,7 @@ class Settings(BaseSettings):
     tracking: TrackingSettings = TrackingSettings()
     rollout: RolloutSettings = RolloutSettings()
     judge: JudgeSettings = JudgeSettings()
+    prefect: PrefectSettings = PrefectSettings()
 
     @property
     def artifacts_url(self) -> str:
@@ -432,6 +599,19 @@ class Settings(BaseSettings):
         if self.tracking.uri:
             return self.tracking.uri.get_secret_value()
         return f"sqlite:///{(self.server.state_dir / 'mlflow.db').resolve()}"
+
+    @property
+    def prefect_ui_url(self) -> str | None:
+        """The Prefect UI's address, for links to flow runs: `prefect.ui_url`, else Prefect's
+        own PREFECT_UI_URL, else PREFECT_API_URL when it is a server's `.../api` (the UI is
+        served beside it, as `prefect server start` does); None when none says where."""
+        explicit = self.prefect.ui_url or os.environ.get("PREFECT_UI_URL") or ""
+        if explicit.startswith(("http://", "https://")):  # never a javascript: link
+            return explicit.rstrip("/")
+        api = (os.environ.get("PREFECT_API_URL") or "").rstrip("/")
+        if api.startswith(("http://", "https://")) and api.endswith("/api"):
+            return api.removesuffix("/api")
+        return None
 
     @property
     def mlflow_artifact_location(self) -> str:
@@ -448,11 +628,21 @@ class Settings(BaseSettings):
         return min(self.engine.default_max_tokens, self.server.max_tokens_cap)
 
     @property
+    def server_url(self) -> str:
+        """This server's root URL, as a client on its host reaches it."""
+        host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::") else self.server.host
+        return f"http://{host}:{self.server.port}"
+
+    @property
     def engine_url(self) -> str:
         if self.reef.engine_url:
             return self.reef.engine_url.rstrip("/")
-        host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::") else self.server.host
-        return f"http://{host}:{self.server.port}"
+        return self.server_url
+
+    @property
+    def engine_advertise_url(self) -> str:
+        """The admin URL this server registers (engine.registry)."""
+        return self.engine.advertise_url or self.server_url
 
     @property
     def database_url(self) -> str:
@@ -515,6 +705,11 @@ def load_settings(config: Path | str | None = None, **overrides: Any) -> Setting
         raise ConfigError(
             f"binding {settings.server.host} (not loopback) requires auth tokens: "
             "add auth.tokens to the config (`reef token` makes one)"
+        )
+    if settings.engine.registry_ttl_s <= settings.engine.heartbeat_s:
+        raise ConfigError(
+            "engine.registry_ttl_s must be longer than engine.heartbeat_s (a few heartbeats), "
+            "or live engines drop out of deploys between two heartbeats"
         )
     if settings.engine.kind == "upstream" and not settings.engine.upstream_url:
         raise ConfigError("engine.kind 'upstream' needs engine.upstream_url (--upstream-url)")

@@ -302,6 +302,11 @@ class RecordOut(BaseModel):
     prompt_token_ids: list[int] | None
     completion_token_ids: list[int] | None
     logprobs: list[float] | None
+    topk: dict[str, Any] | None = Field(
+        None,
+        description="the engine's generation-time top-K per completion token, when it captured "
+        "them: {k, ids, logprobs} (what the openclaw recipe's distillation term reads)",
+    )
     timings: dict[str, float]
     tags: dict[str, str]
     session_id: str | None = Field(None, description="the conversation this exchange belongs to")
@@ -343,18 +348,56 @@ class RolloutAbort(BaseModel):
     reason: str = Field("aborted by an operator", min_length=1, max_length=2000)
 
 
+class ShadowRecordOut(BaseModel):
+    """A shadow rollout's answer to a copy of record `record_id`'s request (never shown to its
+    user), with both answers' scores on one scorer."""
+
+    id: str
+    scenario: str
+    created_at: datetime
+    record_id: str
+    release_id: str
+    control_release_id: str
+    response: dict[str, Any] | None
+    timings: dict[str, float]
+    score: float | None
+    control_score: float | None
+    scored_by: str | None
+    error: str | None
+
+
+class ShadowRecordList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ShadowRecordOut]
+    has_more: bool
+    last_id: str | None
+
+
+class RolloutPromote(BaseModel):
+    """Which release an operator keeps when ending an A/B split (default: b)."""
+
+    model_config = ConfigDict(extra="forbid")
+    release_id: str | None = Field(None, description="ab: a or b's release id; canary: unused")
+
+
 class RolloutOut(BaseModel):
-    """A live canary: its arms, the sequential test's verdict now, and the guardrail's word."""
+    """A live rollout: its arms, the sequential test's verdict now, and the guardrail's word.
+    For an A/B split, canary_release_id is b and control_release_id is a, `arms` holds each
+    one's numbers and the verdict is never acted on (outcome "running")."""
 
     scenario: str
+    mode: str = Field("canary", description="canary | shadow | ab")
     canary_release_id: str
     control_release_id: str
     share: float
     sticky: str
     started_at: str
     verdict: dict[str, Any] = Field(
-        description="outcome (continue | promote | rollback | inconclusive), action, reason, "
-        "per-arm counts and means, the difference's anytime-valid interval"
+        description="outcome (continue | promote | rollback | inconclusive; ab: running), "
+        "action, reason, per-arm counts and means, the difference's anytime-valid interval"
+    )
+    arms: dict[str, Any] | None = Field(
+        None, description="ab: per arm (a, b) its release, n, mean and anytime-valid interval"
     )
     abort: str | None = Field(None, description="why the guardrail would abort it now")
     health: dict[str, Any] | None = None

@@ -13,8 +13,9 @@ from reef.records import new_id
 from reef.settings import Settings
 
 # The artifact-store prefixes that hold one scenario's files (`<prefix>/<scenario>/`): the
-# dataset snapshots, release files, harness trees and harness evaluation caches.
-PREFIXES = ("datasets", "releases", "harness", "harness-eval")
+# dataset snapshots, release files, harness trees, harness evaluation caches, the rows
+# retention archived, demo figures (reef.figures) and discovery archives (demo.discover).
+PREFIXES = ("datasets", "releases", "harness", "harness-eval", "archive", "figures", "discover")
 
 
 def footprint(settings: Settings, artifacts: ArtifactStore, scenario: str) -> None:

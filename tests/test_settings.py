@@ -110,3 +110,21 @@ def test_home_is_expanded_in_paths(tmp_path: Path) -> None:
     )
     assert s.server.state_dir == Path.home() / "reef-state"
     assert s.engine.model_cache == Path.home() / "m"
+
+
+def test_prefect_ui_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the dashboard links flow runs: prefect.ui_url, else Prefect's own PREFECT_UI_URL,
+    else a Prefect server's PREFECT_API_URL without /api; else nowhere."""
+    for name in ("PREFECT_UI_URL", "PREFECT_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert load_settings().prefect_ui_url is None
+    monkeypatch.setenv("PREFECT_API_URL", "https://prefect.internal:4200/api/")
+    assert load_settings().prefect_ui_url == "https://prefect.internal:4200"
+    monkeypatch.setenv("PREFECT_API_URL", "ephemeral")  # not a server: no link
+    assert load_settings().prefect_ui_url is None
+    monkeypatch.setenv("PREFECT_UI_URL", "http://ui.internal/")
+    assert load_settings().prefect_ui_url == "http://ui.internal"
+    config = _yaml(tmp_path, "prefect:\n  ui_url: http://flows.example:4200\n")
+    assert load_settings(config).prefect_ui_url == "http://flows.example:4200"
+    with pytest.raises(ConfigError, match=r"prefect\.ui_url"):
+        load_settings(_yaml(tmp_path, "prefect:\n  ui_url: javascript:alert(1)\n"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from reef.records import (
@@ -15,6 +15,7 @@ from reef.records import (
     Release,
     Report,
     Scenario,
+    ShadowRecord,
 )
 
 
@@ -122,6 +123,26 @@ class Store(ABC):
     def has_children(self, scenario: str, record_id: str) -> bool:
         """Whether any record names `record_id` as its parent (a later one is then a fork)."""
 
+    # retention (reef.retention) -------------------------------------------------
+    @abstractmethod
+    def quoting_reports(self, scenario: str, record_ids: Iterable[str]) -> dict[str, set[str]]:
+        """For each of `record_ids` that some report quotes, the ids of the reports quoting
+        it: lookups on the report_references key, nothing scanned."""
+
+    @abstractmethod
+    def delete_records(
+        self, scenario: str, ids: Sequence[str], known_reports: Mapping[str, Iterable[str]]
+    ) -> set[str]:
+        """Delete these records in one short transaction, except any that a report not in
+        `known_reports[record_id]` now quotes (feedback that arrived after the caller decided
+        the record was not needed). Returns the ids deleted. Releases and consumption receipts
+        are not touched."""
+
+    @abstractmethod
+    def delete_reports(self, scenario: str, reports: Sequence[Report]) -> int:
+        """Delete these reports and their report_references rows in one transaction; returns
+        how many reports went."""
+
     # consumption receipts ------------------------------------------------------
     @abstractmethod
     def add_consumptions(self, consumptions: Sequence[Consumption]) -> None:
@@ -171,6 +192,42 @@ class Store(ABC):
         head is another release; NotFound for an unknown scenario; BadRequest without a
         parent or with an unknown `operation`; Conflict when the release id is taken.
         """
+
+    # shadow records ------------------------------------------------------------
+    @abstractmethod
+    def add_shadow_records(self, shadows: Sequence[ShadowRecord]) -> None:
+        """Store shadow rollouts' answers (reef.shadow) in one transaction."""
+
+    @abstractmethod
+    def list_shadow_records(
+        self,
+        scenario: str,
+        release_id: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[ShadowRecord]:
+        """The scenario's shadow records (only `release_id`'s, if given), oldest first."""
+
+    @abstractmethod
+    def shadow_sums(
+        self, scenario: str, release_id: str, low: float, high: float
+    ) -> tuple[int, float, float]:
+        """Over `release_id`'s shadow records with both scores: how many, the sum of the
+        shadow's scores and of the head's, each score clipped to [low, high]."""
+
+    # engines (deploy fan-out) ---------------------------------------------------
+    @abstractmethod
+    def register_engine(self, url: str, *, started: bool = False) -> None:
+        """Say the engine at admin URL `url` is alive now (its heartbeat); `started`: it has
+        just started (a new row, or a row of an earlier run taken over)."""
+
+    @abstractmethod
+    def live_engines(self, max_age_s: float) -> list[str]:
+        """The admin URLs of engines whose heartbeat is at most `max_age_s` old, sorted."""
+
+    @abstractmethod
+    def unregister_engine(self, url: str) -> None:
+        """The engine at `url` stopped (a clean shutdown); no-op when it is not registered."""
 
     # candidates ----------------------------------------------------------------
     @abstractmethod

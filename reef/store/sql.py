@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from reef.records import (
     Release,
     Report,
     Scenario,
+    ShadowRecord,
     new_id,
     utcnow,
 )
@@ -266,6 +268,7 @@ class SQLStore(Store):
                     tables.records,
                     tables.reports,
                     tables.report_references,
+                    tables.shadow_records,
                     tables.candidates,
                     tables.jobs,
                     tables.releases,
@@ -300,6 +303,27 @@ class SQLStore(Store):
         d = tables.scenario_deletions
         with self._tx(f"finishing the deletion of scenario '{name}'", write=True) as conn:
             conn.execute(delete(d).where(d.c.name == name))
+
+    # engines (deploy fan-out) ---------------------------------------------------
+    def register_engine(self, url: str, *, started: bool = False) -> None:
+        t = tables.engines
+        now = utcnow()
+        values = {"heartbeat_at": now, **({"started_at": now} if started else {})}
+        with self._tx(f"registering engine {url}", write=True) as conn:
+            if conn.execute(update(t).where(t.c.url == url).values(**values)).rowcount == 0:
+                conn.execute(insert(t).values(url=url, started_at=now, heartbeat_at=now))
+
+    def live_engines(self, max_age_s: float) -> list[str]:
+        t = tables.engines
+        since = utcnow() - timedelta(seconds=max_age_s)
+        with self._tx("listing registered engines") as conn:
+            rows = conn.execute(select(t.c.url).where(t.c.heartbeat_at >= since).order_by(t.c.url))
+            return [r.url for r in rows]
+
+    def unregister_engine(self, url: str) -> None:
+        t = tables.engines
+        with self._tx(f"unregistering engine {url}", write=True) as conn:
+            conn.execute(delete(t).where(t.c.url == url))
 
     # records --------------------------------------------------------------------
     def add_records(self, records: Sequence[Record]) -> None:
@@ -511,6 +535,60 @@ class SQLStore(Store):
         query = select(exists().where(t.c.parent_id == record_id, t.c.scenario == scenario))
         with self._tx(f"looking up children of record '{record_id}'") as conn:
             return bool(conn.execute(query).scalar())
+
+    # retention -----------------------------------------------------------------
+    def quoting_reports(self, scenario: str, record_ids: Iterable[str]) -> dict[str, set[str]]:
+        x = tables.report_references
+        wanted = list(dict.fromkeys(record_ids))
+        out: dict[str, set[str]] = {}
+        with self._tx(f"reading the reports quoting records of '{scenario}'") as conn:
+            for i in range(0, len(wanted), _IN_CHUNK):
+                query = select(x.c.record_id, x.c.report_id).where(
+                    x.c.scenario == scenario, x.c.record_id.in_(wanted[i : i + _IN_CHUNK])
+                )
+                for record_id, report_id in conn.execute(query):
+                    out.setdefault(record_id, set()).add(report_id)
+        return out
+
+    def delete_records(
+        self, scenario: str, ids: Sequence[str], known_reports: Mapping[str, Iterable[str]]
+    ) -> set[str]:
+        r, x = tables.records, tables.report_references
+        known = {rid: set(reps) for rid, reps in known_reports.items()}
+        deleted: set[str] = set()
+        with self._tx(f"deleting archived records of '{scenario}'", write=True) as conn:
+            for i in range(0, len(ids), _IN_CHUNK):
+                chunk = list(ids[i : i + _IN_CHUNK])
+                quoted = conn.execute(
+                    select(x.c.record_id, x.c.report_id).where(
+                        x.c.scenario == scenario, x.c.record_id.in_(chunk)
+                    )
+                )
+                fresh = {rid for rid, rep in quoted if rep not in known.get(rid, ())}
+                doomed = [rid for rid in chunk if rid not in fresh]
+                if doomed:
+                    conn.execute(delete(r).where(r.c.scenario == scenario, r.c.id.in_(doomed)))
+                    deleted.update(doomed)
+        return deleted
+
+    def delete_reports(self, scenario: str, reports: Sequence[Report]) -> int:
+        p, x = tables.reports, tables.report_references
+        with self._tx(f"deleting archived reports of '{scenario}'", write=True) as conn:
+            for i in range(0, len(reports), _IN_CHUNK):
+                chunk = reports[i : i + _IN_CHUNK]
+                ids = [rep.id for rep in chunk]
+                refs = sorted({rid for rep in chunk for rid in rep.references})
+                conn.execute(delete(p).where(p.c.scenario == scenario, p.c.id.in_(ids)))
+                # by (scenario, record_id), the reference table's key, then the report ids
+                for j in range(0, len(refs), _IN_CHUNK):
+                    conn.execute(
+                        delete(x).where(
+                            x.c.scenario == scenario,
+                            x.c.record_id.in_(refs[j : j + _IN_CHUNK]),
+                            x.c.report_id.in_(ids),
+                        )
+                    )
+        return len(reports)
 
     # consumption receipts -------------------------------------------------------
     def add_consumptions(self, consumptions: Sequence[Consumption]) -> None:
@@ -811,6 +889,64 @@ class SQLStore(Store):
             conn.execute(update(j).where(j.c.id == job_id).values(values))
             row = conn.execute(select(j).where(j.c.id == job_id)).one()
         return job_of(row)
+
+    # shadow records -------------------------------------------------------------------------
+    def add_shadow_records(self, shadows: Sequence[ShadowRecord]) -> None:
+        if not shadows:
+            return
+        names = [f.name for f in dataclasses.fields(ShadowRecord)]
+        rows = [{name: getattr(s, name) for name in names} for s in shadows]
+        try:
+            with self._tx(f"storing {len(rows)} shadow records", write=True) as conn:
+                conn.execute(insert(tables.shadow_records), rows)
+        except IntegrityError as e:
+            raise StoreError(f"storing shadow records: {describe_error(e)}") from e
+
+    def list_shadow_records(
+        self,
+        scenario: str,
+        release_id: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[ShadowRecord]:
+        t = tables.shadow_records
+        query = select(t).where(t.c.scenario == scenario)
+        if release_id is not None:
+            query = query.where(t.c.release_id == release_id)
+        if after is not None:
+            query = query.where(t.c.id > after)
+        query = query.order_by(t.c.id).limit(max(limit, 0))
+        with self._tx(f"listing shadow records of scenario '{scenario}'") as conn:
+            rows = conn.execute(query).all()
+            if not rows:
+                self._require_scenario(conn, scenario)
+        return [ShadowRecord(**dict(r._mapping)) for r in rows]
+
+    def shadow_sums(
+        self, scenario: str, release_id: str, low: float, high: float
+    ) -> tuple[int, float, float]:
+        t = tables.shadow_records
+        sqlite = self.engine.dialect.name == "sqlite"
+
+        def clipped(column: Any) -> Any:
+            if sqlite:
+                return func.min(func.max(column, low), high)
+            return func.least(func.greatest(column, low), high)
+
+        shadow, control = clipped(t.c.score), clipped(t.c.control_score)
+        query = select(
+            func.count(),
+            func.coalesce(func.sum(shadow), 0.0),
+            func.coalesce(func.sum(control), 0.0),
+        ).where(
+            t.c.scenario == scenario,
+            t.c.release_id == release_id,
+            t.c.score.is_not(None),
+            t.c.control_score.is_not(None),
+        )
+        with self._tx(f"summing shadow scores of '{release_id}'") as conn:
+            n, shadow_total, control_total = conn.execute(query).one()
+        return int(n), float(shadow_total), float(control_total)
 
 
 def _check_job_status(status: str) -> None:

@@ -323,6 +323,30 @@ class ReportReferenceRow(SQLModel, table=True):
     score: float | None = Field(default=None, sa_column=Column("score", Float))
 
 
+class ShadowRecordRow(SQLModel, table=True):
+    """A shadow rollout's answer to a copy of a call (reef.records.ShadowRecord): apart from
+    the records, so no listing, session lookup, readiness count or experience ever sees it."""
+
+    __tablename__ = "shadow_records"
+    # the sequential test's sums over one candidate's scored copies, and their listing
+    __table_args__ = (Index("ix_shadow_records_release", "scenario", "release_id", "id"),)
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    scenario: str = _scenario_fk("fk_shadow_records_scenario")
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    record_id: str = Field(sa_column=Column("record_id", Key, nullable=False))
+    release_id: str = Field(sa_column=Column("release_id", Key, nullable=False))
+    control_release_id: str = Field(sa_column=Column("control_release_id", Key, nullable=False))
+    response: dict[str, Any] | None = Field(default=None, sa_column=Column("response", Document))
+    timings: dict[str, float] = Field(
+        default_factory=dict, sa_column=Column("timings", Json, nullable=False)
+    )
+    score: float | None = Field(default=None, sa_column=Column("score", Float))
+    control_score: float | None = Field(default=None, sa_column=Column("control_score", Float))
+    scored_by: str | None = Field(default=None, sa_column=Column("scored_by", String))
+    error: str | None = Field(default=None, sa_column=Column("error", Text))
+
+
 class ScenarioDeletionRow(SQLModel, table=True):
     """A tombstone: a deleted scenario whose artifact-store keys and MLflow entries are still
     to be removed (reef.deletion). Written in the transaction that deletes the scenario's rows;
@@ -334,6 +358,34 @@ class ScenarioDeletionRow(SQLModel, table=True):
     deleted_at: datetime = Field(sa_column=Column("deleted_at", UTCDateTime, nullable=False))
 
 
+class UISessionRow(SQLModel, table=True):
+    """A dashboard sign-in (api.ui.signin): shared by every replica on the database, so a
+    session opened on one is known to all and signing out anywhere ends it. The cookie's id
+    is stored only as its sha256 (a copy of the table signs nobody in); the token as its
+    sha256 too, resolved against the tokens configured now on every request."""
+
+    __tablename__ = "ui_sessions"
+    __table_args__ = (Index("ix_ui_sessions_expires", "expires_at"),)
+
+    id_sha256: str = Field(sa_column=Column("id_sha256", String(64), primary_key=True))
+    token_sha256: str = Field(sa_column=Column("token_sha256", String(64), nullable=False))
+    csrf: str = Field(sa_column=Column("csrf", String, nullable=False))
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    expires_at: datetime = Field(sa_column=Column("expires_at", UTCDateTime, nullable=False))
+
+
+class EngineRow(SQLModel, table=True):
+    """A serving process's engine that registered itself for deploys to reach (engine.registry,
+    deploy.engine.Fleet): its admin URL and when it last said it was alive. Deploys ignore a
+    row whose heartbeat is older than engine.registry_ttl_s (a replica that is down)."""
+
+    __tablename__ = "engines"
+
+    url: str = Field(sa_column=Column("url", String, primary_key=True))
+    started_at: datetime = Field(sa_column=Column("started_at", UTCDateTime, nullable=False))
+    heartbeat_at: datetime = Field(sa_column=Column("heartbeat_at", UTCDateTime, nullable=False))
+
+
 # Core handles on the tables: the store writes and reads through these (no ORM objects on
 # the hot path).
 scenarios: Table = SQLModel.metadata.tables["scenarios"]
@@ -343,5 +395,8 @@ reports: Table = SQLModel.metadata.tables["reports"]
 report_references: Table = SQLModel.metadata.tables["report_references"]
 consumptions: Table = SQLModel.metadata.tables["consumptions"]
 candidates: Table = SQLModel.metadata.tables["candidates"]
+shadow_records: Table = SQLModel.metadata.tables["shadow_records"]
 jobs: Table = SQLModel.metadata.tables["jobs"]
 scenario_deletions: Table = SQLModel.metadata.tables["scenario_deletions"]
+ui_sessions: Table = SQLModel.metadata.tables["ui_sessions"]
+engines: Table = SQLModel.metadata.tables["engines"]

@@ -98,7 +98,9 @@ def test_pi_installed_by_the_script_is_served_and_updated(
         params={"adapter": "pi", "scenario": S, "max_tokens": 16},
     )
     assert script.status_code == 200 and script.text.startswith("#!/bin/sh")
-    assert "REEF_API_KEY" in script.text and "Bearer" not in script.text.split("REEF_AGENT_MJS_END")[0]
+    assert (
+        "REEF_API_KEY" in script.text and "Bearer" not in script.text.split("REEF_AGENT_MJS_END")[0]
+    )
 
     out = _run(["sh", "-s"], home, project, stdin=script.text)
     assert f"installed release {first}" in out, out

@@ -29,6 +29,9 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "jobs",
         "scenario_deletions",
         "report_references",
+        "ui_sessions",
+        "shadow_records",
+        "engines",
     }
     for table in (
         tables.scenarios,
