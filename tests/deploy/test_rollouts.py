@@ -56,7 +56,7 @@ def _canary(srv: InProcessReef, scenario: str, rules: str) -> Candidate:
     return started
 
 
-def _call(srv: InProcessReef, scenario: str, session: str) -> httpx.Response:
+def call_in_session(srv: InProcessReef, scenario: str, session: str) -> httpx.Response:
     r = httpx.post(
         f"{srv.url}/v1/chat/completions",
         headers={"x-reef-scenario": scenario, "x-reef-session-id": session},
@@ -71,7 +71,7 @@ def _traffic(srv: InProcessReef, scenario: str, sessions: int) -> dict[str, tupl
     """One call per session. Returns session -> (release id, record id)."""
     served = {}
     for i in range(sessions):
-        r = _call(srv, scenario, f"s{i}")
+        r = call_in_session(srv, scenario, f"s{i}")
         served[f"s{i}"] = (r.headers["x-reef-release-id"], r.headers["x-reef-agent-record-id"])
     return served
 
@@ -91,15 +91,22 @@ def _report(
         ).raise_for_status()
 
 
-def _chain(srv: InProcessReef, scenario: str) -> list[dict]:
+def chain_of(srv: InProcessReef, scenario: str) -> list[dict]:
     return httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"]
 
 
-def _wait_for_end(srv: InProcessReef, scenario: str, timeout_s: float = 30.0) -> None:
+def wait_for_end(srv: InProcessReef, scenario: str, canary: str, timeout_s: float = 30.0) -> None:
+    """Until `canary`'s rollout has ended and the release that ended it is on the chain (the
+    canary itself, promoted, or a rollback release naming it). A rollback retires the canary
+    (compare-and-swap: one replica acts) before it deploys its release, so for that deploy's
+    few seconds there is no rollout yet the chain does not show its end."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if httpx.get(f"{srv.url}/reef/scenarios/{scenario}/rollout").status_code == 404:
-            return
+            top = chain_of(srv, scenario)[0]
+            rollout = top["metadata"].get("rollout") or {}
+            if canary in (top["release_id"], rollout.get("canary_release_id")):
+                return
         time.sleep(0.2)
     raise AssertionError("the rollout did not end")
 
@@ -116,11 +123,14 @@ def test_sticky_arms_and_a_better_canary_is_promoted(server: InProcessReef) -> N
         expected = arm_for(cand.id, f"session:{session}", 0.5)
         assert (release == cand.id) == (expected == "canary")
     # the same session again: the same arm
-    again = {s: _call(server, scenario, s).headers["x-reef-release-id"] for s in list(served)[:8]}
+    again = {
+        s: call_in_session(server, scenario, s).headers["x-reef-release-id"]
+        for s in list(served)[:8]
+    }
     assert again == {s: served[s][0] for s in again}
     _report(server, scenario, served, canary_score=1.0)
-    _wait_for_end(server, scenario)
-    chain = _chain(server, scenario)
+    wait_for_end(server, scenario, cand.id)
+    chain = chain_of(server, scenario)
     assert chain[0]["release_id"] == cand.id and chain[0]["current"]
     assert chain[0]["parent_release_id"] == base
     approval = chain[0]["metadata"]["approval"]
@@ -128,7 +138,7 @@ def test_sticky_arms_and_a_better_canary_is_promoted(server: InProcessReef) -> N
     cands = httpx.get(f"{server.url}/reef/scenarios/{scenario}/candidates").json()["data"]
     assert cands[0]["status"] == "published"
     # after the rollout, every session gets the new head
-    assert _call(server, scenario, "s0").headers["x-reef-release-id"] == cand.id
+    assert call_in_session(server, scenario, "s0").headers["x-reef-release-id"] == cand.id
 
 
 @pytest.mark.loop
@@ -139,8 +149,8 @@ def test_a_worse_canary_is_rolled_back_and_a_candidate_on_it_cannot_publish(
     cand = _canary(server, scenario, "Answer at length.\n")
     head = cand.parent_id
     _report(server, scenario, _traffic(server, scenario, 40), canary_score=0.0)
-    _wait_for_end(server, scenario)
-    chain = _chain(server, scenario)
+    wait_for_end(server, scenario, cand.id)
+    chain = chain_of(server, scenario)
     top = chain[0]
     assert top["current"] and top["operation"] == "rollback" and top["parent_release_id"] == head
     note = top["metadata"]["rollout"]
@@ -193,7 +203,7 @@ def test_guardrail_aborts_and_admin_routes(
     third = _canary(server, scenario, "Be precise.\n")
     assert main(["rollout", "promote", "--scenario", scenario, "--url", server.url]) == 0
     assert f"release {third.id}" in capsys.readouterr().out
-    assert _chain(server, scenario)[0]["release_id"] == third.id != second.id
+    assert chain_of(server, scenario)[0]["release_id"] == third.id != second.id
     r = httpx.post(f"{server.url}/reef/scenarios/{scenario}/rollout/promote")
     assert r.status_code == 404 and r.json()["error"]["code"] == "no_rollout"
 
@@ -262,9 +272,9 @@ def test_arms_are_sticky_across_replicas_and_restarts(
         InProcessReef(tmp_path / "b", **shared) as b,
     ):
         cand = _canary(a, "sticky", "Be brief.\n")
-        on_a = {s: _call(a, "sticky", s).headers["x-reef-release-id"] for s in sessions}
-        on_b = {s: _call(b, "sticky", s).headers["x-reef-release-id"] for s in sessions}
+        on_a = {s: call_in_session(a, "sticky", s).headers["x-reef-release-id"] for s in sessions}
+        on_b = {s: call_in_session(b, "sticky", s).headers["x-reef-release-id"] for s in sessions}
     assert on_a == on_b and set(on_a.values()) == {cand.id, cand.parent_id}
     with InProcessReef(tmp_path / "c", **shared) as c:
-        after = {s: _call(c, "sticky", s).headers["x-reef-release-id"] for s in sessions}
+        after = {s: call_in_session(c, "sticky", s).headers["x-reef-release-id"] for s in sessions}
     assert after == on_a

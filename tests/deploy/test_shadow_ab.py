@@ -28,6 +28,7 @@ from reef.rollouts import ARM_TAG, ROLLOUT_TAG, ab_id, arm_for
 from reef.settings import RolloutSettings, load_settings
 from reef.shadow import Shadows
 from reef.store.sql import open_store
+from tests.deploy.test_rollouts import call_in_session, chain_of, wait_for_end
 from tests.reefserver import InProcessReef
 
 ACCEPTED = Decision(status="accepted", policy="always", test="bootstrap", reason="test", n=0)
@@ -82,17 +83,6 @@ def _candidate(srv: InProcessReef, scenario: str, rules: str) -> Candidate:
         return rollout.start(chain, cand)
 
 
-def _call(srv: InProcessReef, scenario: str, session: str) -> httpx.Response:
-    r = httpx.post(
-        f"{srv.url}/v1/chat/completions",
-        headers={"x-reef-scenario": scenario, "x-reef-session-id": session},
-        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-        timeout=60,
-    )
-    r.raise_for_status()
-    return r
-
-
 def _shadows(srv: InProcessReef, scenario: str, n: int, timeout_s: float = 30.0) -> list[dict]:
     """The scenario's shadow records, once there are `n`."""
     deadline = time.monotonic() + timeout_s
@@ -102,19 +92,6 @@ def _shadows(srv: InProcessReef, scenario: str, n: int, timeout_s: float = 30.0)
         if len(data) >= n or time.monotonic() > deadline:
             return data
         time.sleep(0.1)
-
-
-def _chain(srv: InProcessReef, scenario: str) -> list[dict]:
-    return httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"]
-
-
-def _wait_for_end(srv: InProcessReef, scenario: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if httpx.get(f"{srv.url}/reef/scenarios/{scenario}/rollout").status_code == 404:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the rollout did not end")
 
 
 @pytest.mark.loop
@@ -129,7 +106,7 @@ def test_shadow_copies_are_stored_apart_scored_and_promote_a_better_candidate(
     assert status["mode"] == "shadow" and status["canary_release_id"] == cand.id
     served = {}
     for i in range(24):
-        r = _call(server, scenario, f"s{i}")
+        r = call_in_session(server, scenario, f"s{i}")
         # every user is answered by the head (the candidate only once it is promoted, which
         # takes at least min_samples copies); nothing of the shadow is in the answer
         assert r.headers["x-reef-release-id"] == head or i >= 6
@@ -153,8 +130,8 @@ def test_shadow_copies_are_stored_apart_scored_and_promote_a_better_candidate(
     )
     assert r.status_code in (400, 404), r.text
     # the watcher decides on the copies' scores: the shadow is better, it is promoted
-    _wait_for_end(server, scenario)
-    top = _chain(server, scenario)[0]
+    wait_for_end(server, scenario, cand.id)
+    top = chain_of(server, scenario)[0]
     assert top["release_id"] == cand.id and top["current"]
     assert top["metadata"]["approval"]["rollout"]["outcome"] == "promote"
     assert top["metadata"]["approval"]["rollout"]["n_canary"] >= 6
@@ -176,9 +153,9 @@ def test_a_worse_shadow_is_rolled_back(server: InProcessReef) -> None:
         streamed = r.headers["x-reef-agent-record-id"]
     assert _shadows(server, scenario, 1)[0]["record_id"] == streamed
     for i in range(24):  # users see the head only; a rollback keeps its content
-        assert _call(server, scenario, f"s{i}").headers["x-reef-release-id"] != cand.id
-    _wait_for_end(server, scenario)
-    top = _chain(server, scenario)[0]
+        assert call_in_session(server, scenario, f"s{i}").headers["x-reef-release-id"] != cand.id
+    wait_for_end(server, scenario, cand.id)
+    top = chain_of(server, scenario)[0]
     assert top["operation"] == "rollback" and top["parent_release_id"] == cand.parent_id
     note = top["metadata"]["rollout"]
     assert note["canary_release_id"] == cand.id and note["outcome"] == "rollback"
@@ -195,7 +172,7 @@ def test_a_full_bound_drops_copies_and_counts_them(
     RELEASE_SCORER.clear()
     t0 = time.perf_counter()
     for i in range(5):  # the first copy holds the one slot (its scorer waits): 4 are dropped
-        _call(server, scenario, f"s{i}")
+        call_in_session(server, scenario, f"s{i}")
     answered_s = time.perf_counter() - t0
     RELEASE_SCORER.set()
     (only,) = _shadows(server, scenario, 1)
@@ -291,12 +268,15 @@ def test_ab_split_is_sticky_reported_per_arm_and_ended_by_an_operator(
         a, b = pairs["ab-keep"]
         served = {}
         for i in range(40):
-            r = _call(srv, "ab-keep", f"s{i}")
+            r = call_in_session(srv, "ab-keep", f"s{i}")
             served[f"s{i}"] = (r.headers["x-reef-release-id"], r.headers["x-reef-agent-record-id"])
             expected = arm_for(ab_id((a, b)), f"session:s{i}", 0.5)
             assert r.headers["x-reef-release-id"] == (b if expected == "canary" else a)
         assert {release for release, _ in served.values()} == {a, b}
-        again = {s: _call(srv, "ab-keep", s).headers["x-reef-release-id"] for s in list(served)[:8]}
+        again = {
+            s: call_in_session(srv, "ab-keep", s).headers["x-reef-release-id"]
+            for s in list(served)[:8]
+        }
         assert again == {s: served[s][0] for s in again}
         counts = {a: 0, b: 0}
         for release, record_id in served.values():
@@ -328,13 +308,13 @@ def test_ab_split_is_sticky_reported_per_arm_and_ended_by_an_operator(
             main(["rollout", "promote", "--scenario", "ab-keep", "--release", a, "--url", srv.url])
             == 0
         )
-        top = _chain(srv, "ab-keep")[0]
+        top = chain_of(srv, "ab-keep")[0]
         assert top["operation"] == "rollback" and top["metadata"]["source_release_id"] == a
         note = top["metadata"]["rollout"]
         assert note["ab"] == [a, b] and note["kept"] == a and note["arms"]["b"]["mean"] == 1.0
         assert httpx.get(f"{srv.url}/reef/scenarios/ab-keep/rollout").status_code == 404
         time.sleep(2.1)  # other processes see the end within the split cache's TTL
-        after = {_call(srv, "ab-keep", s).headers["x-reef-release-id"] for s in served}
+        after = {call_in_session(srv, "ab-keep", s).headers["x-reef-release-id"] for s in served}
         assert after == {top["release_id"]}
         # an abort ends a split keeping the head as it is
         stop_b = pairs["ab-stop"][1]
@@ -346,8 +326,8 @@ def test_ab_split_is_sticky_reported_per_arm_and_ended_by_an_operator(
         assert r.status_code == 404 and r.json()["error"]["code"] == "no_rollout"
         # a split naming a release that is not on the chain does not run: the head serves
         head = pairs["ab-typo"][1]
-        assert {_call(srv, "ab-typo", f"s{i}").headers["x-reef-release-id"] for i in range(6)} == {
-            head
-        }
+        assert {
+            call_in_session(srv, "ab-typo", f"s{i}").headers["x-reef-release-id"] for i in range(6)
+        } == {head}
         r = httpx.get(f"{srv.url}/reef/scenarios/ab-typo/rollout")
         assert r.status_code == 404 and "rel_not_on_the_chain" in r.json()["error"]["message"]

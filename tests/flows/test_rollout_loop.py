@@ -71,11 +71,16 @@ def _sessions(
     return served
 
 
-def _ended(srv: InProcessReef, scenario: str, timeout_s: float = 30.0) -> list[dict]:
+def _ended(srv: InProcessReef, scenario: str, head: str, timeout_s: float = 30.0) -> list[dict]:
+    """The chain once the rollout has ended and its release is on it. A rollback retires the
+    canary (compare-and-swap, so one replica acts) before it deploys the rollback release: for
+    that deploy's few seconds there is no rollout and the head is still `head`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if httpx.get(f"{srv.url}/reef/scenarios/{scenario}/rollout").status_code == 404:
-            return list(httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"])
+            chain = httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"]
+            if chain[0]["release_id"] != head:
+                return list(chain)
         time.sleep(0.3)
     raise AssertionError("the rollout did not end")
 
@@ -86,14 +91,15 @@ def _until_ended(
     """Sessions in batches of 40 until the watcher ends the rollout (how many the canary
     serves is a draw: 10 % of sessions, by hash), at most `most`. Returns how many the canary
     served and the chain."""
+    head = httpx.get(f"{srv.url}/reef/scenarios/{scenario}").json()["head_release_id"]
     served = 0
     for start in range(0, most, 40):
         served += _sessions(srv, scenario, canary, 40, canary_wins, start)
         try:
-            return served, _ended(srv, scenario, timeout_s=3.0)
+            return served, _ended(srv, scenario, head, timeout_s=3.0)
         except AssertionError:
             continue
-    return served, _ended(srv, scenario)
+    return served, _ended(srv, scenario, head)
 
 
 @pytest.mark.loop
