@@ -29,8 +29,7 @@ from reef.judge import (
     Ask,
     Exchange,
     Judge,
-    endpoint_ask,
-    function_ask,
+    configured_judge,
     is_judgment,
     judge_messages,
     judgment_report,
@@ -54,23 +53,10 @@ def judging_enabled(settings: Settings) -> bool:
 
 def build_judge(settings: Settings, scenario: str) -> Judge:
     """The configured judge for `scenario`: a function, an endpoint, or the served head."""
-    j = settings.judge
-    if j.function:
-        return Judge(function_ask(j.function), f"function:{j.function}", votes=j.votes)
-    if j.url:
-        if not j.model:
-            raise ReefError("judge.url needs judge.model")
-        key = j.api_key.get_secret_value() if j.api_key else None
-        ask = endpoint_ask(
-            j.url,
-            j.model,
-            api_key=key,
-            temperature=j.temperature,
-            max_tokens=j.max_tokens,
-            timeout_s=j.timeout_s,
-        )
-        return Judge(ask, f"endpoint:{j.url}#{j.model}", votes=j.votes)
-    return Judge(_head_ask(settings, scenario), f"head:{scenario}", votes=j.votes)
+    configured = configured_judge(settings.judge)
+    if configured is not None:
+        return configured
+    return Judge(_head_ask(settings, scenario), f"head:{scenario}", votes=settings.judge.votes)
 
 
 def _head_ask(settings: Settings, scenario: str) -> Ask:

@@ -23,11 +23,14 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from reef.errors import ConfigError, UpstreamError
 from reef.recipe import import_object
 from reef.records import Report, utcnow
+
+if TYPE_CHECKING:
+    from reef.settings import JudgeSettings
 
 Task = Literal["evaluate", "hint"]
 TASKS: tuple[Task, ...] = ("evaluate", "hint")
@@ -174,6 +177,30 @@ class Judge:
             raw=raw,
             judge=self.identity,
         )
+
+    def evaluate(self, exchange: Exchange) -> int:
+        """The evaluate question alone, `votes` times: the plurality vote in {-1, 0, 1}."""
+        return plurality([boxed(self.ask("evaluate", exchange, i)) for i in range(self.votes)])
+
+
+def configured_judge(j: JudgeSettings) -> Judge | None:
+    """The judge `judge.function`, or `judge.url` + `judge.model`, configures; None when
+    neither is set (the worker then asks the served head: flows/judging.py)."""
+    if j.function:
+        return Judge(function_ask(j.function), f"function:{j.function}", votes=j.votes)
+    if not j.url:
+        return None
+    if not j.model:
+        raise ConfigError("judge.url needs judge.model")
+    ask = endpoint_ask(
+        j.url,
+        j.model,
+        api_key=j.api_key.get_secret_value() if j.api_key else None,
+        temperature=j.temperature,
+        max_tokens=j.max_tokens,
+        timeout_s=j.timeout_s,
+    )
+    return Judge(ask, f"endpoint:{j.url}#{j.model}", votes=j.votes)
 
 
 def _tally(votes: Sequence[int | None]) -> dict[str, int]:

@@ -66,19 +66,13 @@ def verifier_score(path: str) -> Score:
     return score
 
 
-def judge_score(ask: judge.Ask, votes: int) -> Score:
+def judge_score(judging: judge.Judge) -> Score:
     """The judge's evaluate question on each answer alone (no next turn exists for a copy):
     the plurality vote in {-1, 0, 1} mapped to [0, 1]."""
 
     def score(messages: list[dict[str, Any]], answers: Sequence[str]) -> list[float]:
-        out = []
-        for reply in answers:
-            exchange = judge.Exchange(tuple(messages), reply, "feedback", "(none)")
-            vote = judge.plurality(
-                [judge.boxed(ask("evaluate", exchange, i)) for i in range(votes)]
-            )
-            out.append((vote + 1) / 2)
-        return out
+        exchanges = [judge.Exchange(tuple(messages), a, "feedback", "(none)") for a in answers]
+        return [(judging.evaluate(e) + 1) / 2 for e in exchanges]
 
     return score
 
@@ -87,20 +81,10 @@ def scorer_of(scorer: str | None, judging: JudgeSettings) -> tuple[Score | None,
     """The Score a shadow rollout uses and its name (None, None: nothing to score with)."""
     if scorer:
         return verifier_score(scorer), scorer
-    if judging.function:
-        return judge_score(judge.function_ask(judging.function), judging.votes), judging.function
-    if judging.url and judging.model:
-        key = judging.api_key.get_secret_value() if judging.api_key else None
-        ask = judge.endpoint_ask(
-            judging.url,
-            judging.model,
-            api_key=key,
-            temperature=judging.temperature,
-            max_tokens=judging.max_tokens,
-            timeout_s=judging.timeout_s,
-        )
-        return judge_score(ask, judging.votes), f"judge {judging.model} at {judging.url}"
-    return None, None
+    configured = judge.configured_judge(judging)
+    if configured is None:
+        return None, None
+    return judge_score(configured), configured.identity
 
 
 class Shadows:
@@ -247,14 +231,15 @@ class Shadows:
     ) -> tuple[list[float | None], str | None, str | None]:
         """(shadow score, head score), the scorer's name, and why there is no score."""
         path = self.settings.for_scenario(scenario).shadow.scorer or self._gate_scorer
-        if path not in self._scorers:
-            self._scorers[path] = scorer_of(path, self._judging)
-        score, name = self._scorers[path]
-        if score is None:
-            return [None, None], None, "no scorer: set rollout.shadow.scorer or a judge"
+        score, name = None, None
         try:
+            if path not in self._scorers:
+                self._scorers[path] = scorer_of(path, self._judging)
+            score, name = self._scorers[path]
+            if score is None:
+                return [None, None], None, "no scorer: set rollout.shadow.scorer or a judge"
             shadow, head = score(messages, [answer_text(response), answer_text(head_answer)])
-        except Exception as e:
+        except Exception as e:  # a scorer that cannot load or fails: the copy stays unscored
             return [None, None], name, f"scoring failed: {e}"
         return [shadow, head], name, None
 

@@ -331,3 +331,21 @@ def test_ab_split_is_sticky_reported_per_arm_and_ended_by_an_operator(
         } == {head}
         r = httpx.get(f"{srv.url}/reef/scenarios/ab-typo/rollout")
         assert r.status_code == 404 and "rel_not_on_the_chain" in r.json()["error"]["message"]
+
+
+def brief_is_better(task: str, exchange: Any, sample: int) -> str:
+    """A rule judge: a reply of one word is good, anything longer bad."""
+    return "\\boxed{1}" if len(exchange.reply.split()) == 1 else "\\boxed{-1}"
+
+
+def test_the_judge_scores_shadow_copies_when_no_scorer_is_set() -> None:
+    from reef.settings import JudgeSettings
+    from reef.shadow import scorer_of
+
+    score, name = scorer_of(None, JudgeSettings(function=f"{HERE}:brief_is_better", votes=3))
+    assert name == f"function:{HERE}:brief_is_better" and score is not None
+    assert score([{"role": "user", "content": "hi"}], ["Hello.", "Hello there, friend."]) == [
+        1.0,
+        0.0,
+    ]
+    assert scorer_of(None, JudgeSettings()) == (None, None)  # nothing to score with
