@@ -68,6 +68,14 @@ class IdempotencyKeyReused(Conflict):
     code = "idempotency_key_reused"
 
 
+class SessionTurnTaken(Conflict):
+    """Another record (written by another replica, or by a concurrent call with the same
+    explicit session id) holds this record's turn of its session; reef.serving re-stitches
+    the record and writes it again, so this reaches no client."""
+
+    code = "session_turn_taken"
+
+
 class HeadMoved(Conflict):
     """A publisher's parent release is no longer its scenario's head: someone else published
     first, so what was gated against the old head must be gated again."""

@@ -18,7 +18,7 @@ from typing import Any
 from reef import anthropic
 from reef.engines.base import Completion, Engine, ServesResponses
 from reef.engines.defaults import sampling_tags
-from reef.errors import IdempotencyKeyReused, UnknownModel
+from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
 from reef.harness import Harness, HarnessCache
 from reef.limits import Limits
 from reef.records import Record, Scenario, new_id, utcnow
@@ -61,6 +61,9 @@ class Call:
     # The engine body before the head's variant and harness went in: what a shadow rollout's
     # candidate gets, with its own (reef.shadow).
     base_body: dict[str, Any] | None = None
+    # The client named the session (x-reef-session-id, a continued response): a turn another
+    # replica took first becomes the next turn of that session, not a fork.
+    explicit_session: bool = False
 
     @property
     def release_id(self) -> str:
@@ -78,6 +81,11 @@ class _Session:
 # A claim on a parent left behind by a stream whose body never started (and whose cleanup
 # therefore never ran) stops counting after this long.
 _CLAIM_TTL_S = 600.0
+
+# How often a record whose session turn was taken concurrently is re-stitched and written
+# again before the call fails (each retry follows a write that beat it, so more than a couple
+# means a session written to by many replicas at once).
+_RESTITCH_TRIES = 8
 
 
 class Serving:
@@ -260,6 +268,7 @@ class Serving:
             session.claim,
             native=native,
             base_body=base_body,
+            explicit_session=session_id is not None,
         )
 
     async def _with_harness(
@@ -312,6 +321,9 @@ class Serving:
         the same instant can both join its session: that race is accepted, the records
         still name their parent. Concurrent calls with one explicit session id can likewise
         get the same turn.
+
+        Neither race survives the write: (scenario, session, turn) is unique in the database,
+        and a record that lost its turn is re-stitched (`_restitched`) and written again.
         """
         if explicit is not None:
             tail = await asyncio.to_thread(self.store.session_tail, scenario, explicit)
@@ -406,6 +418,31 @@ class Serving:
             call.scenario.name, call.route, call.idempotency_key, call.record_id, record
         )
 
+    async def _restitched(self, call: Call, record: Record) -> Record:
+        """`record` again, placed where it belongs now that another record took its session
+        turn first: with an explicit session, the turn after the session's tail; continuing a
+        conversation, a fork (a new session that still names the parent), exactly what this
+        call would have become had it seen the other one before it started."""
+        if call.explicit_session and record.session_id is not None:
+            tail = await asyncio.to_thread(
+                self.store.session_tail, record.scenario, record.session_id
+            )
+            if tail is not None:
+                turn = (tail.turn or 0) + 1
+                return dataclasses.replace(record, turn=turn, parent_id=tail.id)
+        return dataclasses.replace(record, session_id=new_id("ses"))
+
+    async def _commit(self, call: Call, record: Record) -> Record:
+        """Make `record` durable; the record as written (re-stitched if its turn was taken)."""
+        for _ in range(_RESTITCH_TRIES - 1):
+            try:
+                await self.committer.add(record)
+                return record
+            except SessionTurnTaken:
+                record = await self._restitched(call, record)
+        await self.committer.add(record)
+        return record
+
     # serving ----------------------------------------------------------------------
     def _record(self, call: Call, response: dict[str, Any], done: Completion, t0: float) -> Record:
         timings = dict(done.timings)
@@ -451,7 +488,7 @@ class Serving:
             done = await self._engine_complete(call)
             record = self._record(call, render(done.response), done, t0)
             try:
-                await self.committer.add(record)
+                record = await self._commit(call, record)
             except IdempotencyKeyReused as clash:
                 record = await self._stored_instead(call, clash)
         except BaseException as e:
@@ -547,7 +584,7 @@ class Serving:
                 item = await anext(source)
             made = self._record(call, render(item.response), item, t0)
             try:
-                await self.committer.add(made)
+                made = await self._commit(call, made)
             except IdempotencyKeyReused as e:
                 # The stream (with this call's receipt in its headers) has been sent already:
                 # another process stored an answer under this key first. Say so; a retry

@@ -72,7 +72,9 @@ class Store(ABC):
     # records -------------------------------------------------------------------
     @abstractmethod
     def add_records(self, records: Sequence[Record]) -> None:
-        """Insert all in one transaction (the group commit's unit)."""
+        """Insert all in one transaction (the group commit's unit). A record whose
+        Idempotency-Key (scenario, route) or session turn (scenario, session, turn) another
+        record holds is refused: IdempotencyKeyReused, SessionTurnTaken; nothing is written."""
 
     @abstractmethod
     def get_record(self, scenario: str, record_id: str) -> Record: ...

@@ -46,6 +46,7 @@ from reef.errors import (
     IdempotencyKeyReused,
     NotFound,
     ReefError,
+    SessionTurnTaken,
     StoreError,
 )
 from reef.records import (
@@ -380,6 +381,19 @@ class SQLStore(Store):
                 if taken is not None:
                     return IdempotencyKeyReused(
                         f"Idempotency-Key '{key}' is already used by record '{taken.id}'"
+                    )
+            turns = [(r.scenario, r.session_id, r.turn) for r in records if r.session_id]
+            if len(set(turns)) < len(turns):
+                return SessionTurnTaken("a session's turn appears twice in one batch")
+            for scenario, session_id, turn in turns:
+                taken = conn.execute(
+                    select(t.c.id).where(
+                        t.c.scenario == scenario, t.c.session_id == session_id, t.c.turn == turn
+                    )
+                ).first()
+                if taken is not None:
+                    return SessionTurnTaken(
+                        f"turn {turn} of session '{session_id}' is already record '{taken.id}'"
                     )
         return StoreError(f"adding records failed: {describe_error(e)}")
 

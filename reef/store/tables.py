@@ -207,7 +207,18 @@ class RecordRow(SQLModel, table=True):
     __table_args__ = (
         Index("ix_records_scenario_id", "scenario", "id"),
         # Session stitching: a session's tail, a state's record, a record's children.
-        Index("ix_records_scenario_session", "scenario", "session_id", "turn"),
+        # One record per turn of a session: two replicas continuing one conversation at the
+        # same instant cannot both take its next turn (reef.serving re-stitches the loser).
+        # Partial: records of no session never collide (NULLs don't either, on both backends).
+        Index(
+            "uq_records_scenario_session_turn",
+            "scenario",
+            "session_id",
+            "turn",
+            unique=True,
+            sqlite_where=text("session_id IS NOT NULL"),
+            postgresql_where=text("session_id IS NOT NULL"),
+        ),
         Index("ix_records_scenario_state_hash", "scenario", "state_hash"),
         # Partial: first turns (most records) have no parent and cost this index nothing.
         Index(

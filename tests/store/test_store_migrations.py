@@ -12,6 +12,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlmodel import SQLModel
 
+from reef.errors import SessionTurnTaken
+from reef.records import Record
 from reef.store import tables
 from reef.store.sql import SQLStore, open_store
 
@@ -89,3 +91,37 @@ def test_concurrent_first_migrations_sqlite(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_concurrent_first_migrations_postgres(make_postgres_database: Callable[[], str]) -> None:
     assert _migrate_at_once(make_postgres_database()) == []
+
+
+def test_migration_0012_moves_duplicate_session_turns_to_forks(
+    database_url: str, make_record: Callable[..., Record]
+) -> None:
+    """Two replicas that raced before 0012 left two records at one turn of a session: the
+    first keeps it, the later one becomes a fork (a session of its own, its parent kept)."""
+    from tests.store.test_store_experience import _alembic_to
+
+    old = open_store(database_url)
+    try:
+        _alembic_to(old, "0011")
+        release = old.create_scenario("raced").head_release_id
+        first = make_record("raced", release, session_id="ses_1", turn=0)
+        twins = [
+            make_record("raced", release, session_id="ses_1", turn=1, parent_id=first.id)
+            for _ in range(2)
+        ]
+        won, lost = sorted(twins, key=lambda r: r.id)  # the earlier id keeps the turn
+        old.add_records([first, *twins])
+    finally:
+        old.close()
+
+    store = open_store(database_url)
+    try:
+        store.migrate()
+        kept = {r.id: r for r in store.list_records("raced")}
+        assert (kept[won.id].session_id, kept[won.id].turn) == ("ses_1", 1)
+        assert kept[lost.id].session_id == f"ses_{lost.id}"
+        assert (kept[lost.id].turn, kept[lost.id].parent_id) == (1, first.id)
+        with pytest.raises(SessionTurnTaken):
+            store.add_records([make_record("raced", release, session_id="ses_1", turn=1)])
+    finally:
+        store.close()
