@@ -24,7 +24,8 @@ records they quote is left in the database.
 Each run writes its own manifest, so archivers on several hosts never overwrite each other's
 lists; at its end a run merges all manifests into one (`compact`). A crash between a file and its delete (or two archivers at once) can leave a row both in
 the database and in a file, or in two files: readers take the database's copy first and each
-id once (`archived_records`, `reef export --include-archive`).
+id once (`archived_records`, `reef export --include-archive`, the dashboard's archive pages:
+`archived_page`, `archived_record`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -389,6 +390,13 @@ def _loads(text: str | None) -> Any:
     return None if text is None else orjson.loads(text)
 
 
+def _record_of(row: dict[str, Any]) -> Record:
+    """A record back from its archive row (the inverse of `_record_table`)."""
+    for name in _RECORD_JSON:
+        row[name] = _loads(row[name])
+    return Record(**row)
+
+
 def archived_records(
     store: Store, artifacts: ArtifactStore, scenario: str
 ) -> Iterator[list[Record]]:
@@ -405,11 +413,86 @@ def archived_records(
             if row["id"] in live or row["id"] in seen:
                 continue
             seen.add(row["id"])
-            for name in _RECORD_JSON:
-                row[name] = _loads(row[name])
-            page.append(Record(**row))
+            page.append(_record_of(row))
         if page:
             yield page
+
+
+@dataclass(frozen=True)
+class ArchivePage:
+    """One page of archived records, newest first (the dashboard's archive view)."""
+
+    records: list[Record]
+    next_before: str | None  # the cursor of the next (older) page; None at the end
+    files_read: int  # archive files this page read (each checked against its sha256)
+
+
+def archived_page(
+    store: Store,
+    artifacts: ArtifactStore,
+    scenario: str,
+    before: str | None = None,
+    limit: int = 50,
+) -> ArchivePage:
+    """The `limit` newest archived records with ids below `before` (any when None), each id
+    once and none still in the database, as `archived_records` reads them. Ids sort by
+    creation time and each file's manifest entry gives its id range, so a page reads only the
+    files that can hold its rows: newest range first, until no unread file can reach into the
+    page. An id cursor, not an offset, so each record shows on exactly one page."""
+    files = sorted(
+        (
+            f
+            for f in manifest(artifacts, scenario)
+            if f.kind == "records" and (before is None or f.first_id < before)
+        ),
+        key=lambda f: f.last_id,
+        reverse=True,
+    )
+    found: dict[str, dict[str, Any]] = {}
+    read = 0
+    for f in files:
+        if len(found) >= limit and f.last_id < sorted(found, reverse=True)[limit - 1]:
+            break  # this file and every later one lie wholly below the page
+        rows = [
+            r for r in read_file(artifacts, f).to_pylist() if before is None or r["id"] < before
+        ]
+        read += 1
+        live = store.existing_record_ids(scenario, [r["id"] for r in rows])
+        for row in rows:
+            if row["id"] not in live:
+                found.setdefault(row["id"], row)
+    ids = sorted(found, reverse=True)
+    page = [_record_of(found[i]) for i in ids[:limit]]
+    more = len(ids) > limit or read < len(files)
+    return ArchivePage(page, page[-1].id if page and more else None, read)
+
+
+def archived_record(artifacts: ArtifactStore, scenario: str, record_id: str) -> Record:
+    """One archived record by id, read from the files whose id range holds it; NotFound when
+    no file does."""
+    for f in manifest(artifacts, scenario):
+        if f.kind != "records" or not f.first_id <= record_id <= f.last_id:
+            continue
+        table = read_file(artifacts, f)
+        rows = table.filter(pc.equal(table.column("id"), record_id)).to_pylist()
+        if rows:
+            return _record_of(rows[0])
+    raise NotFound(f"no archived record '{record_id}' in scenario '{scenario}'")
+
+
+def archived_reports_for(
+    artifacts: ArtifactStore, scenario: str, record_ids: Iterable[str]
+) -> dict[str, list[Report]]:
+    """The archived reports quoting each of `record_ids`, oldest first (reports are few next
+    to records: every report file is read)."""
+    out: dict[str, list[Report]] = {i: [] for i in record_ids}
+    for rep in archived_reports(artifacts, scenario):
+        for rid in dict.fromkeys(rep.references):
+            if rid in out:
+                out[rid].append(rep)
+    for reps in out.values():
+        reps.sort(key=lambda r: (r.created_at, r.id))
+    return out
 
 
 def archived_reports(artifacts: ArtifactStore, scenario: str) -> Iterator[Report]:

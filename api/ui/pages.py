@@ -41,8 +41,8 @@ from reef.errors import BadRequest, NotFound, ReefError, ServiceUnavailable
 from reef.figures import load_figures
 from reef.readiness import Readiness
 from reef.readiness import readiness as compute_readiness
-from reef.records import Candidate, Release
-from reef.store.browse import RecordFilter
+from reef.records import Candidate, Record, Release, Report
+from reef.store.browse import Feedback, RecordFilter
 
 log = logging.getLogger("reef.api")
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -248,15 +248,7 @@ async def records(request: Request, scenario: str) -> Response:
     next_url = None
     if got.next_before:
         next_url = f"?{urlencode({**keep, 'before': got.next_before})}"
-    rows = [
-        {
-            "r": r,
-            "prompt": views.prompt_preview(r),
-            "answer": views.short(views.answer_of(r)),
-            "fb": got.feedback.get(r.id),
-        }
-        for r in got.records
-    ]
+    rows = _record_rows(got.records, got.feedback)
     return _render(
         request,
         "records.html",
@@ -274,6 +266,96 @@ async def records(request: Request, scenario: str) -> Response:
         archived=archived,
         retention_days=svc.settings.store.retention_days,
     )
+
+
+def _record_rows(records: list[Record], feedback: dict[str, Feedback]) -> list[dict[str, Any]]:
+    """The records table's rows (records.html's macro), live or archived alike."""
+    return [
+        {
+            "r": r,
+            "prompt": views.prompt_preview(r),
+            "answer": views.short(views.answer_of(r)),
+            "fb": feedback.get(r.id),
+        }
+        for r in records
+    ]
+
+
+# the retention archive: read-only, through reef.retention's reader -------------------
+@router.get("/s/{scenario}/archive")
+@page
+async def archive(request: Request, scenario: str) -> Response:
+    """Records retention moved to the artifact store, newest first, 50 a page: the same
+    table as the records page, each row opening the archived exchange."""
+    from reef.retention import archived_page
+
+    svc, who, name = await _scoped(request, scenario)
+    await _call(svc.store.get_scenario, name)  # 404 for an unknown scenario
+    before = request.query_params.get("before") or None
+    got = await _call(archived_page, svc.store, svc.artifacts, name, before, PAGE_SIZE)
+    reports = await _call(_archive_reports, svc, name, [r.id for r in got.records])
+    feedback = {
+        rid: Feedback(len(reps), _mean([p.score for p in reps if p.score is not None]))
+        for rid, reps in reports.items()
+        if reps
+    }
+    chain = await _call(svc.store.list_releases, name)
+    return _render(
+        request,
+        "archive.html",
+        who,
+        scenario=name,
+        tab="records",
+        rows=_record_rows(got.records, feedback),
+        seqs={r.id: f"#{r.seq} {r.operation}" for r in chain},
+        next_url=f"?{urlencode({'before': got.next_before})}" if got.next_before else None,
+        first_url="?" if before else None,
+        retention_days=svc.settings.store.retention_days,
+    )
+
+
+@router.get("/s/{scenario}/archive/{record_id}")
+@page
+async def archive_record(request: Request, scenario: str, record_id: str) -> Response:
+    """One archived exchange, request and response, with the reports on it (archived or
+    still in the database). A record also still in the database (an archiving run that
+    stopped between its file and its delete) opens from there, as every reader prefers it."""
+    from reef.retention import archived_record
+
+    svc, who, name = await _scoped(request, scenario)
+    if await _call(svc.store.existing_record_ids, name, [record_id]):
+        return RedirectResponse(f"/ui/s/{quote(name)}/records/{quote(record_id)}", status_code=303)
+    r = await _call(archived_record, svc.artifacts, name, record_id)
+    reports = await _call(_archive_reports, svc, name, [r.id])
+    return _render(
+        request,
+        "session.html",
+        who,
+        scenario=name,
+        tab="records",
+        session_id=None,
+        archived=True,
+        turns=views.turns([r], reports),
+    )
+
+
+def _archive_reports(svc: Services, name: str, ids: list[str]) -> dict[str, list[Report]]:
+    """Reports quoting archived records: those retention archived with them and those still
+    in the database (a report stays while any record it quotes does), each id once."""
+    from reef.retention import archived_reports_for
+
+    live = svc.browse.reports_for(name, ids)
+    old = archived_reports_for(svc.artifacts, name, ids) if ids else {}
+    out: dict[str, list[Report]] = {}
+    for rid in ids:
+        seen = {p.id for p in live.get(rid, [])}
+        both = live.get(rid, []) + [p for p in old.get(rid, []) if p.id not in seen]
+        out[rid] = sorted(both, key=lambda p: (p.created_at, p.id))
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _number(value: str | None, param: str) -> float | None:

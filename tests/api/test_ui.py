@@ -93,7 +93,7 @@ def test_scoped_token_sees_only_its_scenarios(secured: InProcessReef) -> None:
         page = client.get("/ui")
         assert page.status_code == 200
         assert "/ui/s/alice/" in page.text and "/ui/s/bob/" not in page.text
-        for path in ("records", "releases", "candidates", "curves", "jobs", "readiness"):
+        for path in ("records", "archive", "releases", "candidates", "curves", "jobs", "readiness"):
             assert client.get(f"/ui/s/bob/{path}").status_code == 403, path
             assert client.get(f"/ui/s/alice/{path}").status_code == 200, path
         records = client.get("/ui/s/alice/records").text
