@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions smollm2 clean
+.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -154,6 +154,15 @@ demo-reactions: venv smollm2
 
 bench-reactions: venv smollm2
 	$(BIN)/python bench/reactions.py $(REACTIONS_ARGS)
+
+# The image deploy/k8s/ and deploy/compose/ name (deploy/Dockerfile: CPU torch, `reef serve`):
+# tag it for your registry and push it, e.g. `make image IMAGE=registry.example.com/reef:0.1.0`.
+# IMAGE_ARGS passes build args: `IMAGE_ARGS="--build-arg SMOLLM2=true"` bakes SmolLM2 in. Needs
+# a Docker engine (none runs on the project machines: tests/deploy/test_image.py checks the file).
+IMAGE ?= ghcr.io/your-org/reef:0.1.0
+IMAGE_ARGS ?=
+image:
+	docker build -f deploy/Dockerfile -t $(IMAGE) $(IMAGE_ARGS) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
