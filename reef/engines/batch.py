@@ -5,7 +5,9 @@ pass of shape [rows, 1] advances them all. Each row keeps its own length, which 
 position ids (padding does not count), and the attention mask hides the padding. Rows can
 join (a freshly prefilled batch is merged in: the shorter cache gets more left padding) and
 leave (finished or cancelled rows are dropped, and columns that became padding in every row
-are trimmed), which is what lets requests enter and exit between decode steps.
+are trimmed), which is what lets requests enter and exit between decode steps. New rows'
+prompts are read by a `Prefill`, whole or a chunk of columns at a time, optionally on top of
+keys and values a prefix cache kept of their opening.
 
 Each layer's keys and values live in a buffer with room for more columns (`_RoomyLayer`): a
 decode step writes its token into place. transformers' DynamicCache grows by `torch.cat`
@@ -49,24 +51,10 @@ class Batch:
 
         `forward` goes to the model's forward as is (PEFT's `adapter_names`, one per row).
         """
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=_cache([]),
-            use_cache=True,
-            logits_to_keep=1,  # the prompt's other positions need no vocabulary projection
-            **forward,
-        )
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        return cls(out.cache, mask, lengths), out.logits[:, -1, :]
+        reading = Prefill(prompts, pad_id)
+        logits = reading.step(model, reading.remaining, **forward)
+        assert logits is not None and reading.batch is not None
+        return reading.batch, logits
 
     def step(self, model: torch.nn.Module, tokens: list[int], **forward: Any) -> torch.Tensor:
         """Feed each row its newest token; return next-token logits [rows, vocab]."""
@@ -120,6 +108,82 @@ class Batch:
         return Batch(_cache(layers), mask, torch.cat([self.lengths, other.lengths]))
 
 
+class Prefill:
+    """Prompts read into a new batch a chunk of columns at a time (chunked prefill).
+
+    The prompts are left-padded to one width up front; each `step` feeds the next columns of
+    every row through the model on top of the cache the earlier steps left, which is what a
+    single pass over the whole width computes (the same keys, values and positions), only
+    split so that a long prompt does not hold the scheduler for its whole length: the running
+    batch decodes between the steps.
+    """
+
+    def __init__(
+        self,
+        prompts: list[list[int]],
+        pad_id: int,
+        prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ):
+        """`prefix`: keys and values [1, heads, n, dim] per layer of n tokens that every
+        prompt follows (a prefix cache hit); `prompts` are then what follows them, and the
+        padding of the shorter ones sits between the prefix and their tokens, masked out."""
+        width = max(len(p) for p in prompts)
+        self.input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        self.mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            self.input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            self.mask[i, width - len(prompt) :] = 1
+        self.batch: Batch | None = None  # the columns read so far
+        if prefix:
+            rows, n = len(prompts), int(prefix[0][0].shape[-2])
+            self.batch = Batch(
+                _cache((k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix),
+                torch.ones((rows, n), dtype=torch.long),
+                torch.full((rows,), n, dtype=torch.long),
+            )
+        self.read = 0
+
+    def __len__(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def remaining(self) -> int:
+        """Columns not read yet."""
+        return int(self.mask.shape[1]) - self.read
+
+    def step(self, model: torch.nn.Module, columns: int, **forward: Any) -> torch.Tensor | None:
+        """Read the next `columns` columns (at least one); the next-token logits [rows, vocab]
+        once the last column is read, else None. `forward` as in `Batch.prefill`."""
+        start = self.read
+        end = min(start + max(1, columns), int(self.mask.shape[1]))
+        chunk = self.mask[:, start:end]
+        if self.batch is None:
+            cache, mask, lengths = _cache([]), chunk, torch.zeros(len(self), dtype=torch.long)
+        else:
+            cache, lengths = self.batch.cache, self.batch.lengths
+            mask = torch.cat([self.batch.mask, chunk], dim=1)
+        # Padding does not count: a row's positions start at 0 on its first real token.
+        positions = (lengths.unsqueeze(1) + chunk.cumsum(-1) - 1).clamp(min=0)
+        out = model(
+            input_ids=self.input_ids[:, start:end],
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,  # the prompt's other positions need no vocabulary projection
+            **forward,
+        )
+        self.batch = Batch(out.cache, mask, lengths + chunk.sum(-1))
+        self.read = end
+        if self.remaining:
+            # Room for the rest of the prompt now, rather than a copy of the cache per chunk.
+            for layer in out.cache.layers:
+                if isinstance(layer, _RoomyLayer):
+                    layer.reserve(self.remaining + ROOM)
+            return None
+        return out.logits[:, -1, :]
+
+
 class _RoomyLayer(DynamicLayer):
     """A DynamicLayer whose keys and values [rows, heads, cols, dim] are views of buffers with
     spare columns on the right, where new tokens are written in place. The views hold the
@@ -127,6 +191,18 @@ class _RoomyLayer(DynamicLayer):
 
     _key_buffer: torch.Tensor | None = None
     _value_buffer: torch.Tensor | None = None
+
+    def reserve(self, columns: int) -> None:
+        """Make room for at least `columns` more columns after those in use."""
+        used = self.get_seq_length()
+        keys, values = self.keys, self.values
+        if self._key_buffer is None or keys is None or values is None or not used:
+            return
+        if used + columns > self._key_buffer.shape[-2]:
+            self._key_buffer = _roomy(keys, keys, used + columns)
+            self._value_buffer = _roomy(values, values, used + columns)
+            self.keys = self._key_buffer[:, :, :used]
+            self.values = self._value_buffer[:, :, :used]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any

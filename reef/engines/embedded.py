@@ -41,6 +41,7 @@ from reef.engines.base import VERIFY_MESSAGES, VERIFY_TOKENS, Completion
 from reef.engines.batch import Batch
 from reef.engines.defaults import generation_defaults, sampling_record, with_defaults
 from reef.engines.detokenize import Detokenizer, TokenText
+from reef.engines.packed import pack_linears
 from reef.engines.prompt import ChatRenderer
 from reef.engines.response import ResponseBuilder, TokenEvent
 from reef.engines.sampling import SamplingParams
@@ -65,6 +66,14 @@ log = logging.getLogger(__name__)
 INLINE_PROMPT_CHARS = 4096
 # Niceness of the threads rendering them (0 is the rest of the process's).
 RENDER_NICENESS = 10
+# Prompt tokens read per scheduler round while other requests decode (see the scheduler).
+PREFILL_CHUNK_TOKENS = 128
+# Memory (MiB) for the keys and values of prompts' openings (see reef.engines.prefixes). Off
+# unless asked for: a prompt read from the cache gives log-probs that differ from a full read's
+# in the last digits (~1e-6), so the same request would no longer repeat them bit for bit.
+PREFIX_CACHE_MB = 0
+# The weights' precisions the engine serves in: what `dtype` may name.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class EmbeddedEngine:
@@ -81,16 +90,35 @@ class EmbeddedEngine:
         default_max_tokens: int = 256,
         threads: int | None = None,
         sampling_defaults: dict[str, float] | None = None,
+        prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS,
+        dtype: str = "float32",
+        prefix_cache_mb: int = PREFIX_CACHE_MB,
+        packed_linear: bool = True,
     ):
         """`sampling_defaults`: what a request that leaves out temperature or top_p gets;
-        None: what the model's generation_config.json recommends (as vLLM does), {}: none."""
+        None: what the model's generation_config.json recommends (as vLLM does), {}: none.
+        `prefill_chunk_tokens`: prompt tokens read per round while others decode (0: whole
+        prompts at once). `dtype`: the precision the base model and checkpoints are served in
+        (bfloat16 halves the bytes each decode step reads; recorded log-probs are then the
+        bfloat16 model's). `prefix_cache_mb`: memory for the keys and values of prompts read
+        before, reused by prompts that open with the same tokens (0: none). `packed_linear`:
+        the Linear layers run through oneDNN with packed weights (`reef.engines.packed`:
+        2-3x faster products, a second copy of the weights)."""
         if max_batch_size < 1 or default_max_tokens < 1:
             raise ConfigError("max_batch_size and default_max_tokens must be at least 1")
+        if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
+            raise ConfigError("prefill_chunk_tokens and prefix_cache_mb must be 0 (off) or more")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
         self.model_dir = Path(model_dir)
         self.model_id = model_id
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
         self.threads = threads
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefix_cache_mb = prefix_cache_mb
+        self.packed_linear = packed_linear
+        self.dtype = DTYPES[dtype]
         self.sampling_defaults = (
             generation_defaults(self.model_dir)
             if sampling_defaults is None
@@ -280,12 +308,16 @@ class EmbeddedEngine:
         started = time.monotonic()
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            # SDPA: torch's fused attention, the fastest exact kernel it has on CPU.
+            model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=self.dtype, attn_implementation="sdpa"
+            )
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load the model in {self.model_dir}: {exc}") from exc
         if not tokenizer.chat_template:
             raise ConfigError(f"model {self.model_dir} has no chat template")
         model.eval()
+        packed = pack_linears(model) if self.packed_linear else 0
         config = model.config
         # The batch keeps one plain KV cache per layer; sliding-window or linear-attention
         # layers would need their own bookkeeping when rows join and leave.
@@ -314,12 +346,16 @@ class EmbeddedEngine:
         self._model = model
         self._base = Variant(self.model_id, model)
         log.info(
-            "embedded engine loaded %s (%s) in %.1f s: context %d, batch %d, %d threads",
+            "embedded engine loaded %s (%s, %s, %d packed linear layers) in %.1f s: context %d, "
+            "batch %d, prefill chunk %d, %d threads",
             self.model_id,
             self.model_dir,
+            str(self.dtype).removeprefix("torch."),
+            packed,
             time.monotonic() - started,
             self.max_context,
             self.max_batch_size,
+            self.prefill_chunk_tokens,
             torch.get_num_threads(),
         )
         return Scheduler(
@@ -330,6 +366,8 @@ class EmbeddedEngine:
             pad_id=self._pad_id,
             token_text=TokenText(tokenizer),
             stats=self.stats,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
+            prefix_cache_bytes=self.prefix_cache_mb * 2**20,
         )
 
     def _read_adapter(self, path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -340,7 +378,11 @@ class EmbeddedEngine:
 
         check_checkpoint(path, self.model_dir, self._model.config.model_type)
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=self.dtype, attn_implementation="sdpa"
+            ).eval()
+            if self.packed_linear:
+                pack_linears(model)
             with torch.inference_mode():  # warm-up, as for the base model
                 Batch.prefill(model, [[self._pad_id]], self._pad_id)
         except Exception as exc:

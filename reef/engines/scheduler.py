@@ -15,9 +15,16 @@ Which thread owns what:
   each request's own event loop (`call_soon_threadsafe`), control results through the futures.
   After the thread has stopped, `close` (on whichever thread calls it) fails what is left.
 
-Between decode steps the scheduler admits queued requests (prefilled together, then merged into
-the running batch), drops finished and cancelled rows, and advances every row by one token per
-forward pass. Rows are grouped by the weights they read: the base model and all its adapters
+Between decode steps the scheduler admits queued requests, reads their prompts (prefill), merges
+them into the running batch, drops finished and cancelled rows, and advances every row by one
+token per forward pass. While rows are decoding, prompts are read in chunks
+(`prefill_chunk_tokens` prompt tokens per round, `reef.engines.batch.Prefill`): a long prompt
+arriving mid-batch costs the running rows a chunk's forward pass per round instead of a stall
+for its whole length; with nothing decoding they are read whole, in as few passes as can be.
+Prompts that open with tokens read before (a scenario's system prompt and harness text) start
+from the keys and values the prefix cache kept of them (`reef.engines.prefixes`).
+
+Rows are grouped by the weights they read: the base model and all its adapters
 share one batch (PEFT's mixed-adapter forward, `adapter_names`), each full checkpoint has its own
 batch, and every group advances one token per scheduler round.
 """
@@ -38,8 +45,9 @@ from typing import Any
 
 import torch
 
-from reef.engines.batch import Batch
+from reef.engines.batch import Batch, Prefill
 from reef.engines.detokenize import Detokenizer, TokenText
+from reef.engines.prefixes import Hit, PrefixCache, VariantKey
 from reef.engines.response import TokenEvent
 from reef.engines.sampling import Sampled, SamplingParams, sample_rows
 from reef.errors import BadRequest, EngineError, EngineUnavailable, ReefError
@@ -72,6 +80,8 @@ class EngineStats:
     tokens_generated: int = 0
     max_batch: int = 0  # most rows in one forward pass
     active: int = 0  # admitted and not yet done
+    prefix_hits: int = 0  # prompts that started from the prefix cache
+    prefix_tokens: int = 0  # prompt tokens those did not read again
 
 
 @dataclass(eq=False)
@@ -86,6 +96,11 @@ class Variant:
     name: str
     weights: torch.nn.Module
     adapter: str | None = None  # the PEFT adapter's key inside the base model
+
+    @property
+    def key(self) -> VariantKey:
+        """What the keys and values it computes depend on (the prefix cache's key)."""
+        return (id(self.weights), self.adapter)
 
 
 class Request:
@@ -157,6 +172,19 @@ class _Group:
         self.rows: list[Request] = []
 
 
+class _Reading:
+    """Admitted requests whose prompts are being read (a chunk per round) before they join
+    their group's batch; with `hit`, all of them open with its tokens, read already."""
+
+    def __init__(self, weights: torch.nn.Module, rows: list[Request], pad_id: int, hit: Hit | None):
+        self.weights = weights
+        self.rows = rows
+        skip = hit.tokens if hit is not None else 0
+        self.prefill = Prefill(
+            [r.prompt_ids[skip:] for r in rows], pad_id, hit.layers if hit is not None else None
+        )
+
+
 class Scheduler:
     """The thread that owns the model: batches requests, runs prefill and decode, and applies
     variant changes between decode steps. Its public methods are the event loop's interface
@@ -172,10 +200,16 @@ class Scheduler:
         pad_id: int,
         token_text: TokenText,
         stats: EngineStats,
+        prefill_chunk_tokens: int = 0,
+        prefix_cache_bytes: int = 0,
     ):
+        """`prefill_chunk_tokens`: the most prompt tokens (padding included) read per round
+        while other rows decode; 0 reads every admitted prompt whole at once.
+        `prefix_cache_bytes`: how much the prefix cache may keep; 0: no prefix cache."""
         # ---- fixed before the thread starts
         self.model_id = model_id
         self.max_batch_size = max_batch_size
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.stats = stats  # written by the scheduler thread only
         self._eos_ids = eos_ids
         self._pad_id = pad_id
@@ -188,7 +222,9 @@ class Scheduler:
         self._lora_mode: str | None = None  # what its LoRA layers apply now (see _lora_layers)
         self._groups: dict[torch.nn.Module, _Group] = {}
         self._waiting: deque[Request] = deque()  # taken off the queue, not yet admitted
+        self._reading: deque[_Reading] = deque()  # admitted, prompts being read, in order
         self._retiring: list[tuple[Variant, Future[None]]] = []  # unloaded, maybe still in use
+        self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
 
     # ---- the event loop's interface (any thread)
 
@@ -247,16 +283,15 @@ class Scheduler:
     def _run(self) -> None:
         with torch.inference_mode():
             while True:
-                busy = bool(self._groups or self._waiting)
+                busy = bool(self._groups or self._waiting or self._reading)
                 if not self._take(block=not busy):
                     self._shutdown()
                     return
-                new: list[Request] = []
                 try:
                     for group in self._groups.values():
                         self._drop_cancelled(group)
-                    new = self._admit()
-                    self._join(new)
+                    self._plan(self._admit())
+                    self._read_prompts()
                     # Round-robin over the groups: one forward pass each per round.
                     for group in list(self._groups.values()):
                         if group.rows:
@@ -264,9 +299,9 @@ class Scheduler:
                     self._groups = {w: g for w, g in self._groups.items() if g.rows}
                 except Exception as exc:  # a bug of ours, not the model's: keep serving
                     log.exception("embedded engine scheduler error")
-                    for r in [r for g in self._groups.values() for r in g.rows] + new:
+                    for r in self._in_flight():
                         self._fail(r, EngineError(_failed("the embedded engine failed", exc)))
-                    self._groups = {}
+                    self._groups, self._reading = {}, deque()
                 self._retire()
 
     def _take(self, *, block: bool) -> bool:
@@ -296,9 +331,15 @@ class Scheduler:
             _settle(item.done, result)
         self._retire()  # an unload of something idle completes at once
 
+    def _in_flight(self) -> list[Request]:
+        """Admitted requests not done: rows of the running batches and prompts being read."""
+        return [r for g in self._groups.values() for r in g.rows] + [
+            r for unit in self._reading for r in unit.rows
+        ]
+
     def _admit(self) -> list[Request]:
         """Take waiting requests while there is room in the batch."""
-        room = self.max_batch_size - sum(len(g.rows) for g in self._groups.values())
+        room = self.max_batch_size - len(self._in_flight())
         new: list[Request] = []
         while self._waiting and len(new) < room:
             r = self._waiting.popleft()
@@ -308,19 +349,116 @@ class Scheduler:
                 new.append(r)
         return new
 
-    def _join(self, new: list[Request]) -> None:
-        """Prefill new requests, one forward pass per group, and merge them into their group."""
-        by_weights: dict[torch.nn.Module, list[Request]] = {}
+    def _plan(self, new: list[Request]) -> None:
+        """Queue newly admitted requests for reading, in groups read in one pass each: rows of
+        one weights (and, for a prefix cache hit, of one cached opening), in arrival order; while
+        rows are decoding, as many as fit one chunk padded to their longest prompt, so that a
+        long prompt is read on its own and short ones behind it do not wait for its last chunk."""
+        now = time.monotonic()
         for r in new:
-            by_weights.setdefault(r.variant.weights, []).append(r)
-        for weights, rows in by_weights.items():
-            joined = self._prefill(weights, rows)
-            if joined is None:
+            r.admitted = now
+        self.stats.requests += len(new)
+        self.stats.active += len(new)
+        budget = self.prefill_chunk_tokens if self._decoding() else 0
+        by_kind: dict[tuple[Any, ...], tuple[Hit | None, list[Request]]] = {}
+        for r in new:
+            hit = self._prefixes.lookup(r.variant.key, r.prompt_ids) if self._prefixes else None
+            if hit is None:
+                kind: tuple[Any, ...] = (id(r.variant.weights),)
+            else:
+                self.stats.prefix_hits += 1
+                self.stats.prefix_tokens += hit.tokens
+                kind = (r.variant.key, hit.entry_id, hit.tokens)
+            by_kind.setdefault(kind, (hit, []))[1].append(r)
+        for hit, rows in by_kind.values():
+            weights = rows[0].variant.weights
+            skip = hit.tokens if hit is not None else 0
+            unit: list[Request] = []
+            for r in rows:
+                longest = max([len(r.prompt_ids), *(len(u.prompt_ids) for u in unit)]) - skip
+                if unit and budget and longest * (len(unit) + 1) > budget:
+                    self._reading.append(_Reading(weights, unit, self._pad_id, hit))
+                    unit = []
+                unit.append(r)
+            self._reading.append(_Reading(weights, unit, self._pad_id, hit))
+
+    def _decoding(self) -> bool:
+        """Whether any row is decoding: a prompt read whole would stall it."""
+        return any(g.rows for g in self._groups.values())
+
+    def _read_prompts(self) -> None:
+        """Read queued prompts, oldest first, up to `prefill_chunk_tokens` tokens this round
+        (always some); those read to the end sample their first token and join their group."""
+        budget = (self.prefill_chunk_tokens or None) if self._decoding() else None
+        progressed = False
+        while self._reading:
+            unit = self._reading[0]
+            if all(r.cancelled for r in unit.rows):
+                for r in unit.rows:
+                    self._drop(r)
+                self._reading.popleft()
                 continue
-            group = self._groups.setdefault(weights, _Group(weights))
-            batch, kept = joined
-            group.batch = batch if group.batch is None else group.batch.merge(batch)
-            group.rows = group.rows + kept
+            columns = unit.prefill.remaining
+            if budget is not None:
+                columns = min(columns, budget // len(unit.prefill))
+                if columns < 1:
+                    if progressed:
+                        return
+                    columns = 1
+                budget -= columns * len(unit.prefill)
+            progressed = True
+            if not self._read(unit, columns):
+                return  # the budget is spent: this unit goes on next round
+
+    def _read(self, unit: _Reading, columns: int) -> bool:
+        """One prefill pass over the next `columns` columns of `unit`; True once it has left
+        the reading line (read to the end and joined its group, or failed)."""
+        rows = unit.rows
+        reading = unit.prefill
+        start = reading.read
+        try:
+            model, extra = self._forward(unit.weights, rows)
+            logits = reading.step(model, columns, **extra)
+            self.stats.prefills += 1
+            self.stats.prompt_tokens += int(reading.mask[:, start : reading.read].sum())
+            self.stats.max_batch = max(self.stats.max_batch, len(rows))
+            keep = None if logits is None else self._advance(rows, logits)
+        except Exception as exc:
+            log.exception("embedded engine: prefill of %d requests failed", len(rows))
+            for r in rows:
+                self._fail(
+                    r, EngineError(_failed("the model failed while reading the prompt", exc))
+                )
+            self._reading.remove(unit)
+            return True
+        if keep is None:
+            return False
+        self._reading.remove(unit)
+        batch = reading.batch
+        assert batch is not None
+        if self._prefixes is not None:
+            self._remember(rows, batch)
+        if len(keep) < len(rows):
+            batch = batch.select(keep)
+            if batch is None:
+                return True
+        group = self._groups.setdefault(unit.weights, _Group(unit.weights))
+        group.batch = batch if group.batch is None else group.batch.merge(batch)
+        group.rows = group.rows + [rows[i] for i in keep]
+        return True
+
+    def _remember(self, rows: list[Request], batch: Batch) -> None:
+        """Give the prefix cache each freshly read prompt's keys and values."""
+        assert self._prefixes is not None
+        for i, r in enumerate(rows):
+            if not self._prefixes.wants(r.variant.key, r.prompt_ids):
+                continue
+            columns = batch.mask[i].nonzero().squeeze(1)  # the row's tokens, not its padding
+            layers = [
+                (k[i : i + 1].index_select(2, columns), v[i : i + 1].index_select(2, columns))
+                for k, v, *_ in batch.cache
+            ]
+            self._prefixes.store(r.variant.key, r.prompt_ids, layers)
 
     def _drop_cancelled(self, group: _Group) -> None:
         keep = [i for i, r in enumerate(group.rows) if not r.cancelled]
@@ -363,35 +501,6 @@ class Scheduler:
             if mode != _MIXED:
                 self._peft.set_adapter(mode, inference_mode=True)
         self._lora_mode = mode
-
-    def _prefill(
-        self, weights: torch.nn.Module, new: list[Request]
-    ) -> tuple[Batch, list[Request]] | None:
-        now = time.monotonic()
-        for r in new:
-            r.admitted = now
-        self.stats.requests += len(new)
-        self.stats.active += len(new)
-        try:
-            model, extra = self._forward(weights, new)
-            batch, logits = Batch.prefill(model, [r.prompt_ids for r in new], self._pad_id, **extra)
-            self.stats.prefills += 1
-            self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in new)
-            self.stats.max_batch = max(self.stats.max_batch, len(new))
-            keep = self._advance(new, logits)
-        except Exception as exc:
-            log.exception("embedded engine: prefill of %d requests failed", len(new))
-            for r in new:
-                self._fail(
-                    r, EngineError(_failed("the model failed while reading the prompt", exc))
-                )
-            return None
-        if len(keep) < len(new):
-            selected = batch.select(keep)
-            if selected is None:
-                return None
-            batch = selected
-        return batch, [new[i] for i in keep]
 
     def _decode(self, group: _Group) -> None:
         rows, batch = group.rows, group.batch
@@ -482,9 +591,9 @@ class Scheduler:
         r.post(exc)
 
     def _shutdown(self) -> None:
-        for r in [r for g in self._groups.values() for r in g.rows] + list(self._waiting):
+        for r in self._in_flight() + list(self._waiting):
             self._fail(r, EngineUnavailable("the embedded engine is shutting down"))
-        self._groups, self._waiting = {}, deque()
+        self._groups, self._waiting, self._reading = {}, deque(), deque()
         for _, freed in self._retiring:
             _settle(freed, error=EngineUnavailable("the embedded engine is shutting down"))
         self._retiring = []
@@ -561,7 +670,7 @@ class Scheduler:
         """Free unloaded variants no request uses any more, and tell their unload() so."""
         if not self._retiring:
             return
-        busy = {id(r.variant) for g in self._groups.values() for r in g.rows}
+        busy = {id(r.variant) for r in self._in_flight()}
         busy.update(id(r.variant) for r in self._waiting)
         still = []
         for variant, freed in self._retiring:
@@ -569,6 +678,8 @@ class Scheduler:
                 still.append((variant, freed))
                 continue
             try:
+                if self._prefixes is not None:
+                    self._prefixes.forget(variant.key)
                 if variant.adapter is not None:
                     self._detach_adapter(variant.adapter)
                 _settle(freed)  # a checkpoint goes with the last reference to it

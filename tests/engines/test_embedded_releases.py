@@ -193,8 +193,11 @@ def test_a_full_checkpoint_serves_what_transformers_computes(
         assert engine.models() == ["tiny"]
 
 
-def test_base_adapters_and_a_checkpoint_decode_together(tiny_dir: Path, releases: Releases) -> None:
-    with running_engine(tiny_dir, max_batch_size=8) as engine:
+@pytest.mark.parametrize("chunk", [256, 32])  # prompts read whole, and in parts
+def test_base_adapters_and_a_checkpoint_decode_together(
+    tiny_dir: Path, releases: Releases, chunk: int
+) -> None:
+    with running_engine(tiny_dir, max_batch_size=8, prefill_chunk_tokens=chunk) as engine:
 
         async def deploy_then_ask() -> list[Completion]:
             await engine.load_adapter("a1", releases.dirs["a1"])
@@ -213,6 +216,8 @@ def test_base_adapters_and_a_checkpoint_decode_together(tiny_dir: Path, releases
         # base and adapter rows (6 of 8) went through one forward pass; the checkpoint's
         # rows had their own
         assert engine.stats.max_batch >= 5, engine.stats
+        if chunk < 40:  # every prompt here is longer: each took more than one pass
+            assert engine.stats.prefills > len(answers), engine.stats
         assert engine.stats.active == 0 and engine.stats.failed == 0
 
 
