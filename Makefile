@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions smollm2 image clean
+.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -154,6 +154,11 @@ demo-reactions: venv smollm2
 
 bench-reactions: venv smollm2
 	$(BIN)/python bench/reactions.py $(REACTIONS_ARGS)
+
+# kto, sao and openclaw (mode rl) side by side on 0/1 thumbs alone (docs/reactions.md).
+SCORE_ONLY_ARGS ?=
+bench-score-only: venv smollm2
+	$(BIN)/python bench/score_only.py $(SCORE_ONLY_ARGS)
 
 # The image deploy/k8s/ and deploy/compose/ name (deploy/Dockerfile: CPU torch, `reef serve`):
 # tag it for your registry and push it, e.g. `make image IMAGE=registry.example.com/reef:0.1.0`.

@@ -9,7 +9,13 @@ questions are then answered greedily and scored by the user's rule. The top-K ca
 by a teacher-forced pass of the serving weights (identical to the engine's own capture,
 tests/engines/test_topk_capture.py); this runs in one process so that four arms fit the CPU.
 
+`--channel report` delivers the same reaction as a text-only report instead of the next turn
+(`{"feedback": "too long"}` on a failed answer, `{"feedback": "Thanks, ..."}` on a good one):
+the judge reads it as the worker reads a scoreless report (flows/judging.py: role "feedback",
+the report's text), the seed's report example going all the way to training.
+
     .venv/bin/python bench/reactions.py --rounds 5 --sessions 8 --out docs/reactions
+    .venv/bin/python bench/reactions.py --channel report --arms combined --out docs/reactions_report
 """
 
 from __future__ import annotations
@@ -19,15 +25,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from demo.reactions import messages, passes, questions, react, rule_judge
+from demo.reactions import messages, passes, questions, react, report, rule_judge
 from recipes.openclaw.learner import OpenClawLearner
-from recipes.openclaw.recipe import OpenClawParams
+from recipes.openclaw.recipe import Mode, OpenClawParams
 from recipes.openclaw.turns import JudgedTurn
 from reef.engines.base import CAPTURE_TOPK
 from reef.judge import Exchange, Judge, dispatch
@@ -96,7 +102,7 @@ def held_out(policy: Any, tok: Any, qs: list[str], max_new: int) -> float:
 
 def run_arm(mode: str, args: argparse.Namespace, base_rate: float) -> dict[str, Any]:
     policy, tok = load(args.model, args.cache)
-    p = OpenClawParams(mode=mode, batch_size=args.batch, learning_rate=args.lr)
+    p = OpenClawParams(mode=cast(Mode, mode), batch_size=args.batch, learning_rate=args.lr)
     learner = OpenClawLearner(policy, tok, p.setup())
     judge = Judge(rule_judge, "function:demo.reactions:rule_judge", votes=3)
     train_qs, eval_qs = questions("train"), questions("held_out")
@@ -108,7 +114,7 @@ def run_arm(mode: str, args: argparse.Namespace, base_rate: float) -> dict[str, 
             qs, generate(policy, tok, qs, args.max_new, sample=True, seed=r), strict=True
         ):
             first_replies.append(passes(text))
-            exchange = Exchange(tuple(messages(q)), text, "user", react(text))
+            exchange = _exchange(q, text, args.channel)
             j = judge.judge(exchange)
             d = dispatch(j.score, j.hints)
             if d is None or not completion:
@@ -134,11 +140,19 @@ def run_arm(mode: str, args: argparse.Namespace, base_rate: float) -> dict[str, 
         )
     return {
         "mode": mode,
+        "channel": args.channel,
         "curve": curve,
         "sessions_until_3_passes": _until_three(first_replies),
         "train_first_reply_pass_rate": sum(first_replies) / max(len(first_replies), 1),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _exchange(question: str, reply: str, channel: str) -> Exchange:
+    """What the judge reads: the user's next message, or the text of their report."""
+    if channel == "report":
+        return Exchange(tuple(messages(question)), reply, "feedback", report(reply)["feedback"])
+    return Exchange(tuple(messages(question)), reply, "user", react(reply))
 
 
 def _until_three(passed: list[bool]) -> int | None:
@@ -150,7 +164,7 @@ def _until_three(passed: list[bool]) -> int | None:
     return None
 
 
-def plot(results: list[dict[str, Any]], sessions: int, path: Path) -> None:
+def plot(results: list[dict[str, Any]], sessions: int, path: Path, channel: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,10 +174,11 @@ def plot(results: list[dict[str, Any]], sessions: int, path: Path) -> None:
     for res in results:
         xs = [i * sessions for i in range(len(res["curve"]))]
         ax.plot(xs, [100 * v for v in res["curve"]], marker="o", label=res["mode"])
-    ax.set_xlabel("sessions (reactions only)")
+    how = "text-only reports" if channel == "report" else "next-turn reactions"
+    ax.set_xlabel(f"sessions ({how} only)")
     ax.set_ylabel("held-out one-sentence answers (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("openclaw on SmolLM2-135M: learning from next-turn reactions")
+    ax.set_title(f"openclaw on SmolLM2-135M: learning from {how}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -177,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=OpenClawParams.learning_rate)
+    ap.add_argument("--lr", type=float, default=None, help="default: the mode's")
     ap.add_argument("--max-new", type=int, default=48)
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--channel", choices=("next_turn", "report"), default="next_turn")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("docs/reactions"))
     args = ap.parse_args(argv)
@@ -196,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "sessions_per_round": args.sessions,
         "batch": args.batch,
-        "lr": args.lr,
+        "lr": {m: OpenClawParams(mode=cast(Mode, m), learning_rate=args.lr).lr() for m in ARMS},
+        "channel": args.channel,
         "max_new_tokens": args.max_new,
         "held_out_questions": len(questions("held_out")),
         "wall_seconds": time.perf_counter() - t0,
@@ -204,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
-    plot(results, args.sessions, args.out.with_suffix(".png"))
+    plot(results, args.sessions, args.out.with_suffix(".png"), args.channel)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -67,6 +67,12 @@ def react(reply: str | None) -> str:
     return THANKS if passes(reply) else COMPLAINT
 
 
+def report(reply: str | None) -> dict[str, str]:
+    """The same reaction as a text-only report's body (`POST /reef/report` with `references`
+    and no score): the seed's example `{"feedback": "too long"}` on a failed answer."""
+    return {"feedback": THANKS if passes(reply) else "too long"}
+
+
 def _chance(*parts: object) -> float:
     digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64

@@ -56,6 +56,31 @@ def test_question_pool() -> None:
     assert messages("Q?")[0]["role"] == "system" and messages("Q?")[1]["content"] == "Q?"
 
 
+def test_terse_thumb_is_ten_words_and_unstated() -> None:
+    from demo import terse
+
+    assert terse.score("The capital of Egypt is Cairo.") == 1.0
+    assert terse.score("one two three four five six seven eight nine ten") == 1.0
+    assert terse.score("one two three four five six seven eight nine ten eleven") == 0.0
+    assert terse.score("") == 0.0 and terse.score(None) == 0.0
+    assert "word" not in terse.SYSTEM_PROMPT  # the model is never told
+
+
+def test_a_text_only_report_is_judged_like_the_next_turn() -> None:
+    from demo.reactions import report, rule_judge
+    from reef.judge import Exchange, Judge, dispatch
+
+    long = "First sentence here. And a second one, which makes it too long for the user."
+    assert report(long) == {"feedback": "too long"}
+    assert report("Cairo.") == {"feedback": "Thanks, that's what I needed."}
+    judge = Judge(rule_judge, "rule", votes=3)
+    msgs = ({"role": "user", "content": "Q?"},)
+    bad = judge.judge(Exchange(msgs, long, "feedback", report(long)["feedback"]))
+    good = judge.judge(Exchange(msgs, "Cairo.", "feedback", report("Cairo.")["feedback"]))
+    assert bad.score == -1 and bad.hints and dispatch(bad.score, bad.hints) is not None
+    assert good.score == 1
+
+
 def test_curve_table_and_png(tmp_path: Path) -> None:
     steps = [
         Step(0, "rel_base", 0.125, 2, 16, 12.0, 0.0, 40.0, correct=10),
