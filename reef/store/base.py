@@ -107,8 +107,8 @@ class Store(ABC):
     @abstractmethod
     def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
         """Of the records whose conversation state (request messages + answer, hashed by
-        reef.sessions) is one of `state_hashes`, the one with the longest conversation; ties go
-        to the oldest record. `state_hashes` come longest conversation first, as
+        reef.sessions) is one of `state_hashes`, the one with the longest conversation; among
+        equal states, the newest record that has no continuation yet, else the newest. `state_hashes` come longest conversation first, as
         reef.sessions.candidate_hashes returns them: the first hash that matches wins."""
 
     @abstractmethod

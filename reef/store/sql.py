@@ -502,12 +502,20 @@ class SQLStore(Store):
         if not hashes:
             return None
         t = tables.records
+        child = t.alias("child")
         # The caller lists the hashes longest conversation first: rank by that position.
         rank = case({h: i for i, h in enumerate(hashes)}, value=t.c.state_hash)
+        # Equal states (many users asked the same and got the same answer): the newest one not
+        # continued yet is the conversation a client goes on with; the oldest would make every
+        # later one a fork of it, and leave their answers without a next turn.
+        continued = case(
+            (exists().where(child.c.parent_id == t.c.id, child.c.scenario == t.c.scenario), 1),
+            else_=0,
+        )
         query = (
             select(t)
             .where(t.c.scenario == scenario, t.c.state_hash.in_(hashes))
-            .order_by(rank, t.c.created_at, t.c.id)
+            .order_by(rank, continued, t.c.created_at.desc(), t.c.id.desc())
         )
         return self._first_record(query, f"looking up a session parent in '{scenario}'")
 

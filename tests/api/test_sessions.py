@@ -122,3 +122,25 @@ def test_anthropic_route_stitches_turns(server: InProcessReef, scenario: str) ->
     r0, r1 = _record(server, scenario, first), _record(server, scenario, second)
     assert r0["route"] == "messages" and r0["turn"] == 0
     assert (r1["session_id"], r1["turn"], r1["parent_id"]) == (r0["session_id"], 1, first)
+
+
+def test_identical_conversations_each_get_their_next_turn(
+    server: InProcessReef, scenario: str
+) -> None:
+    """Two users ask the same and get the same answer (greedy): the two records share one
+    conversation state. Each user's next turn continues one of them, so both answers have a
+    next turn (what the judge reads), rather than both next turns landing on the oldest."""
+    c = _client(server, scenario)
+    start = [{"role": "user", "content": "Name a river."}]
+    first, answer = _ask(c, start)
+    second, again = _ask(c, start)
+    assert again["content"] == answer["content"]
+    follow = [*start, answer, {"role": "user", "content": "Longer?"}]
+    a, _ = _ask(c, follow)
+    b, _ = _ask(c, follow)
+
+    ra, rb = _record(server, scenario, a), _record(server, scenario, b)
+    assert {ra["parent_id"], rb["parent_id"]} == {first, second}
+    assert all(r["turn"] == 1 for r in (ra, rb))
+    sessions = {_record(server, scenario, r)["session_id"] for r in (first, second)}
+    assert {ra["session_id"], rb["session_id"]} == sessions

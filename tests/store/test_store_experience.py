@@ -54,8 +54,13 @@ def test_find_session_parent_picks_the_longest(store: SQLStore, make_record: Mak
         "exp", release, turn=1, state_hash="2" * 64, created_at=t0 + timedelta(seconds=1)
     )
     store.add_records([short, long_new, long_old])
-    # Hashes come longest conversation first; equal states go to the oldest record.
+    # Hashes come longest conversation first; equal states (two users asked the same and got
+    # the same answer) go to the newest record not continued yet.
+    assert store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_new
+    store.add_records([make_record("exp", release, turn=2, parent_id=long_new.id)])
     assert store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_old
+    store.add_records([make_record("exp", release, turn=2, parent_id=long_old.id)])
+    assert store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_new
     assert store.find_session_parent("exp", ["9" * 64, "1" * 64]) == short
     assert store.find_session_parent("exp", ["9" * 64]) is None
     assert store.find_session_parent("exp", []) is None
