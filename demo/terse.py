@@ -11,23 +11,13 @@ score-only target of issue #14 asks for a base rate of 10-30 %).
 
 from __future__ import annotations
 
-from demo.preference import HELD_OUT, TRAIN, words
+from demo.preference import words
+from demo.reactions import SYSTEM_PROMPT, messages, questions
 
 MAX_WORDS = 10
-# No rule about length: the preference is the user's alone.
-SYSTEM_PROMPT = "You are a helpful assistant."
-
-
-def questions(pool: str = "train") -> list[str]:
-    """The question texts of the five-word demo's pools (their reference answers unused)."""
-    return [q for q, _ in (TRAIN if pool == "train" else HELD_OUT)]
-
-
-def messages(question: str) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": question},
-    ]
+# The same app as the reactions demo's (no rule about length: the preference is the user's
+# alone), on the same question pools.
+__all__ = ["MAX_WORDS", "SYSTEM_PROMPT", "messages", "questions", "score"]
 
 
 def score(reply: str | None) -> float:
