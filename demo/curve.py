@@ -40,7 +40,15 @@ def table(steps: list[Step]) -> str:
     return "\n".join(lines)
 
 
-def plot(steps: list[Step], path: Path, *, target: float, title: str) -> Path:
+def plot(
+    steps: list[Step],
+    path: Path,
+    *,
+    target: float | None,
+    title: str,
+    ylabel: str = "pass rate (≤ 5 words)",
+    xlabel: str = "release (rounds of 8 reported answers)",
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,7 +67,10 @@ def plot(steps: list[Step], path: Path, *, target: float, title: str) -> Path:
             color="#999999",
             label="training questions (as asked)",
         )
-    ax.axhline(target, color="#2ca02c", linestyle="--", linewidth=1, label=f"target {target:.0%}")
+    if target is not None:
+        ax.axhline(
+            target, color="#2ca02c", linestyle="--", linewidth=1, label=f"target {target:.0%}"
+        )
     for s in steps:
         ax.annotate(
             f"{s.pass_rate:.0%}",
@@ -72,8 +83,8 @@ def plot(steps: list[Step], path: Path, *, target: float, title: str) -> Path:
     ax.set_xticks(rounds)
     ax.set_xticklabels(["base" if r == 0 else f"r{r}" for r in rounds])
     ax.set_ylim(-0.05, 1.1)
-    ax.set_xlabel("release (rounds of 8 reported answers)")
-    ax.set_ylabel("pass rate (≤ 5 words)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)

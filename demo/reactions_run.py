@@ -163,8 +163,10 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
     png = plot(
         steps,
         state_dir / "reactions-curve.png",
-        target=0.0,
+        target=None,
         title="SmolLM2 learns 'one sentence' from reactions alone (openclaw)",
+        ylabel="held-out one-sentence answers",
+        xlabel=f"release (rounds of {args.sessions} sessions, next-turn reactions only)",
     )
     run_id = log_mlflow(
         server.tracking_uri,
