@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,6 +29,8 @@ from reef.shadow import Shadows
 from reef.store.base import Store
 from reef.store.commits import GroupCommitter
 from reef.variants import Variants
+
+log = logging.getLogger(__name__)
 
 Render = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -171,6 +174,17 @@ class Serving:
             assert isinstance(self.engine, ServesResponses)
             return self.engine.respond(call.engine_body)
         return self.engine.complete(call.engine_body)
+
+    async def _reloaded(self, call: Call) -> bool:
+        """The call's variant left the engine between choosing it and the engine taking the
+        call (a canary retired, a rollback unloading it, in another task): load it again, so
+        the call is answered by the release it started on. False when it names no variant."""
+        model = call.engine_body.get("model")
+        if self.variants is None or call.base_body is None or model == call.base_body.get("model"):
+            return False
+        name = await self.variants.model_for(call.scenario.name, call.release_id)
+        log.info("reloaded %s for a call that chose it before it was unloaded", name)
+        return name == model
 
     def _engine_stream(self, call: Call) -> AsyncIterator[dict[str, Any] | Completion]:
         if call.native:
@@ -485,7 +499,12 @@ class Serving:
         t0 = time.perf_counter()
         record: Record | None = None
         try:
-            done = await self._engine_complete(call)
+            try:
+                done = await self._engine_complete(call)
+            except UnknownModel:
+                if not await self._reloaded(call):
+                    raise
+                done = await self._engine_complete(call)
             record = self._record(call, render(done.response), done, t0)
             try:
                 record = await self._commit(call, record)
@@ -556,6 +575,16 @@ class Serving:
             source = aiter(self._engine_stream(call))
             try:
                 first = await anext(source)
+            except UnknownModel:
+                await _close(source)
+                if not await self._reloaded(call):
+                    raise
+                source = aiter(self._engine_stream(call))
+                try:
+                    first = await anext(source)
+                except BaseException:
+                    await _close(source)
+                    raise
             except BaseException:
                 await _close(source)
                 raise

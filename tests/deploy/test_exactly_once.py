@@ -178,3 +178,40 @@ def test_an_error_that_is_not_a_reef_error_unstages(
         assert _loaded(chain, "once-torch") == []
         assert chain.store.get_candidate("once-torch", cand.id).status == "failed"
         assert len(chain.store.list_releases("once-torch")) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_whose_variant_leaves_before_the_engine_takes_it_is_answered(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """A rollback or a retired canary unloads a variant in another task right after a call
+    chose it (a rollout's end, under traffic): the call is still answered, by its release."""
+    import httpx
+
+    scenario = f"once-unloaded-{int(stream)}"
+    with ReleaseChain.for_settings(server.settings) as chain:
+        release = chain.publish(_candidate(chain, scenario, adapter, "accepted"))
+    real = Variants.model_for
+    raced: list[str] = []
+
+    async def model_for(self: Variants, scenario_name: str, release_id: str) -> str | None:
+        name = await real(self, scenario_name, release_id)
+        if name is not None and not raced:
+            raced.append(name)
+            await self.unload(name)  # what the other task does between the two steps
+        return name
+
+    monkeypatch.setattr(Variants, "model_for", model_for)
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers={"x-reef-scenario": scenario},
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+            "stream": stream,
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert raced and r.headers["x-reef-release-id"] == release.id
