@@ -216,8 +216,9 @@ def test_base_adapters_and_a_checkpoint_decode_together(
         # base and adapter rows (6 of 8) went through one forward pass; the checkpoint's
         # rows had their own
         assert engine.stats.max_batch >= 5, engine.stats
-        if chunk < 40:  # every prompt here is longer: each took more than one pass
-            assert engine.stats.prefills > len(answers), engine.stats
+        # Whether these prompts were read in chunks depends on arrival: only while rows decode
+        # (all eight may be admitted before the first step). test_chunked_prefill.py starts a
+        # long prompt mid-batch to check the chunked reading itself.
         assert engine.stats.active == 0 and engine.stats.failed == 0
 
 
