@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                     result["profile"] = py_spy_summary(state_dir / "py-spy.txt")
                 else:
                     result["profile_error"] = err.strip()[-500:]
-        if args.shadow:
+        if args.shadow and args.shadow_rounds > 0:  # 0 rounds: the plain comparison only
             shadow_dir = Path(tempfile.mkdtemp(prefix="reef-bench-shadow-"))
             try:
                 result["shadow"] = shadow_arms(args, echo_port, shadow_dir, procs)
