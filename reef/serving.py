@@ -332,12 +332,10 @@ class Serving:
         "Already has a continuation" is decided from the database plus the calls in flight
         in this process (a claim on the parent, taken before the database is asked, so a
         continuation committed in between is seen). Two replicas continuing one parent at
-        the same instant can both join its session: that race is accepted, the records
-        still name their parent. Concurrent calls with one explicit session id can likewise
-        get the same turn.
-
-        Neither race survives the write: (scenario, session, turn) is unique in the database,
-        and a record that lost its turn is re-stitched (`_restitched`) and written again.
+        the same instant can both place their call at its next turn, and concurrent calls
+        with one explicit session id can get the same turn; neither survives the write:
+        (scenario, session, turn) is unique in the database, and a record that lost its turn
+        is re-stitched (`_restitched`) and written again.
         """
         if explicit is not None:
             tail = await asyncio.to_thread(self.store.session_tail, scenario, explicit)

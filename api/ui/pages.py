@@ -327,16 +327,7 @@ async def archive_record(request: Request, scenario: str, record_id: str) -> Res
         return RedirectResponse(f"/ui/s/{quote(name)}/records/{quote(record_id)}", status_code=303)
     r = await _call(archived_record, svc.artifacts, name, record_id)
     reports = await _call(_archive_reports, svc, name, [r.id])
-    return _render(
-        request,
-        "session.html",
-        who,
-        scenario=name,
-        tab="records",
-        session_id=None,
-        archived=True,
-        turns=views.turns([r], reports),
-    )
+    return await _transcript(request, svc, who, name, None, [r], reports, archived=True)
 
 
 def _archive_reports(svc: Services, name: str, ids: list[str]) -> dict[str, list[Report]]:
@@ -406,8 +397,14 @@ async def _transcript(
     name: str,
     session_id: str | None,
     chain: list[Any],
+    reports: dict[str, list[Report]] | None = None,
+    *,
+    archived: bool = False,
 ) -> Response:
-    reports = await _call(svc.browse.reports_for, name, [r.id for r in chain])
+    """The turns of `chain` with their reports (the database's, unless given: an archived
+    record's come from the archive too)."""
+    if reports is None:
+        reports = await _call(svc.browse.reports_for, name, [r.id for r in chain])
     return _render(
         request,
         "session.html",
@@ -415,6 +412,7 @@ async def _transcript(
         scenario=name,
         tab="records",
         session_id=session_id,
+        archived=archived,
         turns=views.turns(chain, reports),
     )
 

@@ -368,33 +368,26 @@ class SQLStore(Store):
                 )
             if existing:
                 return Conflict(f"record id '{min(existing)}' already exists")
-            keyed = [(r.scenario, r.route, r.idempotency_key) for r in records if r.idempotency_key]
-            if len(set(keyed)) < len(keyed):
-                return IdempotencyKeyReused("an Idempotency-Key appears twice in one batch")
             t = tables.records
-            for scenario, route, key in keyed:
-                taken = conn.execute(
-                    select(t.c.id).where(
-                        t.c.scenario == scenario, t.c.route == route, t.c.idempotency_key == key
-                    )
-                ).first()
-                if taken is not None:
-                    return IdempotencyKeyReused(
-                        f"Idempotency-Key '{key}' is already used by record '{taken.id}'"
-                    )
+            keyed = [(r.scenario, r.route, r.idempotency_key) for r in records if r.idempotency_key]
+            key_columns = (t.c.scenario, t.c.route, t.c.idempotency_key)
+            clash = _taken(conn, key_columns, keyed)
+            if clash is not None:
+                (_, _, key), taken = clash
+                return IdempotencyKeyReused(
+                    f"Idempotency-Key '{key}' is already used by record '{taken}'"
+                    if taken
+                    else "an Idempotency-Key appears twice in one batch"
+                )
             turns = [(r.scenario, r.session_id, r.turn) for r in records if r.session_id]
-            if len(set(turns)) < len(turns):
-                return SessionTurnTaken("a session's turn appears twice in one batch")
-            for scenario, session_id, turn in turns:
-                taken = conn.execute(
-                    select(t.c.id).where(
-                        t.c.scenario == scenario, t.c.session_id == session_id, t.c.turn == turn
-                    )
-                ).first()
-                if taken is not None:
-                    return SessionTurnTaken(
-                        f"turn {turn} of session '{session_id}' is already record '{taken.id}'"
-                    )
+            clash = _taken(conn, (t.c.scenario, t.c.session_id, t.c.turn), turns)
+            if clash is not None:
+                (_, session_id, turn), taken = clash
+                return SessionTurnTaken(
+                    f"turn {turn} of session '{session_id}' is already record '{taken}'"
+                    if taken
+                    else "a session's turn appears twice in one batch"
+                )
         return StoreError(f"adding records failed: {describe_error(e)}")
 
     def _one(self, table: Any, scenario: str, item_id: str, noun: str) -> Row[Any]:
@@ -987,3 +980,17 @@ def _check_status(status: str) -> None:
 
 
 # rows <-> records -----------------------------------------------------------------
+
+
+def _taken(conn: Any, columns: Sequence[Any], values: list[tuple[Any, ...]]) -> Any:
+    """The first of `values` (one tuple per record of a refused batch, over `columns`, a
+    unique index) that the batch repeats, as (value, None), or that a stored record holds, as
+    (value, that record's id); None when neither."""
+    if len(set(values)) < len(values):
+        return next(v for i, v in enumerate(values) if v in values[:i]), None
+    for value in values:
+        where = [column == v for column, v in zip(columns, value, strict=True)]
+        taken = conn.execute(select(tables.records.c.id).where(*where)).first()
+        if taken is not None:
+            return value, taken.id
+    return None
