@@ -25,7 +25,8 @@ skips that):
 
 - `--long-prompt N`: eight requests decoding when a prompt of N tokens arrives (after the first
   has streamed a few tokens), on engines reading prompts whole (`prefill_chunk_tokens` 0) and in
-  chunks (`--chunks`, default the engine's): inter-token latency p50 / p99 / max of the eight
+  chunks (`--chunks`, default the engine's), each fused with the decode steps and in separate
+  passes (`--fuse on,off`): inter-token latency p50 / p99 / max of the eight
   running requests with and without the long prompt, and the long prompt's time to first token.
 - `--shared-prefix N`: the n requests open with one system prompt of N tokens, at 1 and 8 in
   flight, with the prefix cache off and on (`engine.prefix_cache_mb`): tokens/s, time to first
@@ -380,29 +381,49 @@ async def long_prompt_pass(
 
 
 async def bench_long_prompt(
-    model_dir: Path, spec: str, tokens: int, chunks: list[int], max_tokens: int
+    model_dir: Path,
+    spec: str,
+    tokens: int,
+    chunks: list[int],
+    max_tokens: int,
+    fuse: list[bool],
 ) -> list[dict[str, Any]]:
-    """Per prompt-reading setting: the running batch without, then with, the long prompt."""
+    """Per prompt-reading setting (chunk, and chunks fused with decode steps or not): the
+    running batch without, then with, the long prompt."""
     from transformers import AutoTokenizer
 
     long = long_text(AutoTokenizer.from_pretrained(model_dir), tokens)
     runs = []
     for chunk in chunks:
-        engine = EmbeddedEngine(
-            model_dir, model_id(spec), max_batch_size=STATIC_BATCH + 1, prefill_chunk_tokens=chunk
-        )
-        await engine.start()
-        try:
-            await long_prompt_pass(engine, STATIC_BATCH, 8, None, 1)  # warm-up
-            for with_long in (False, True):
-                what = f"with a {tokens}-token prompt" if with_long else "alone"
-                print(f"[{spec}] prefill chunk {chunk}: 8 streams {what}", flush=True)
-                run = await long_prompt_pass(
-                    engine, STATIC_BATCH, max_tokens, long if with_long else None, 8
-                )
-                runs.append({"prefill_chunk_tokens": chunk, "prompt_tokens": tokens, **run})
-        finally:
-            await engine.aclose()
+        for fused in fuse:
+            engine = EmbeddedEngine(
+                model_dir,
+                model_id(spec),
+                max_batch_size=STATIC_BATCH + 1,
+                prefill_chunk_tokens=chunk,
+                fuse_prefill=fused,
+            )
+            await engine.start()
+            try:
+                await long_prompt_pass(engine, STATIC_BATCH, 8, None, 1)  # warm-up
+                for with_long in (False, True):
+                    what = f"with a {tokens}-token prompt" if with_long else "alone"
+                    how = "fused" if fused else "separate passes"
+                    print(f"[{spec}] prefill chunk {chunk}, {how}: 8 streams {what}", flush=True)
+                    run = await long_prompt_pass(
+                        engine, STATIC_BATCH, max_tokens, long if with_long else None, 8
+                    )
+                    runs.append(
+                        {
+                            "prefill_chunk_tokens": chunk,
+                            "fuse_prefill": fused,
+                            "fused_passes": engine.stats.fused,
+                            "prompt_tokens": tokens,
+                            **run,
+                        }
+                    )
+            finally:
+                await engine.aclose()
     return runs
 
 
@@ -602,13 +623,15 @@ def report_experiments(result: dict[str, Any]) -> None:
     for spec, runs in result.get("long_prompt", {}).items():
         print(f"\n{spec}: 8 running streams, ITL in ms (long prompt: time to first token)")
         print(
-            f"{'prefill chunk':>13} {'long prompt':>11} {'p50':>6} {'p99':>6} {'max':>6} {'ttft':>7}"
+            f"{'prefill chunk':>13} {'fused':>5} {'long prompt':>11} {'p50':>6} {'p99':>6} "
+            f"{'max':>6} {'ttft':>7}"
         )
         for r in runs:
             long = f"{r['prompt_tokens']} tok" if r["long_prompt"] else "none"
             ttft = f"{r['long_ttft_ms']:>7.0f}" if r["long_ttft_ms"] is not None else ""
+            fused = "yes" if r.get("fuse_prefill") else "no"
             print(
-                f"{r['prefill_chunk_tokens']:>13} {long:>11} {r['p50_itl_ms']:>6.0f} "
+                f"{r['prefill_chunk_tokens']:>13} {fused:>5} {long:>11} {r['p50_itl_ms']:>6.0f} "
                 f"{r['p99_itl_ms']:>6.0f} {r['max_itl_ms']:>6.0f} {ttft}"
             )
     for spec, runs in result.get("shared_prefix", {}).items():
@@ -649,8 +672,9 @@ async def amain(args: argparse.Namespace) -> int:
         model_dir = resolve_model(spec, CACHE)
         if args.long_prompt:
             chunks = [int(c) for c in args.chunks.split(",")]
+            fuse = [{"on": True, "off": False}[f] for f in args.fuse.split(",")]
             result.setdefault("long_prompt", {})[spec] = await bench_long_prompt(
-                model_dir, spec, args.long_prompt, chunks, args.max_tokens
+                model_dir, spec, args.long_prompt, chunks, args.max_tokens, fuse
             )
         if args.shared_prefix:
             result.setdefault("shared_prefix", {})[spec] = await bench_shared_prefix(
@@ -679,6 +703,11 @@ def main(argv: list[str] | None = None) -> int:
         "--chunks",
         default=f"0,{PREFILL_CHUNK_TOKENS}",
         help="prefill_chunk_tokens settings the long prompt is read with (0: whole)",
+    )
+    p.add_argument(
+        "--fuse",
+        default="on,off",
+        help="engine.fuse_prefill settings each chunk setting runs with: on, off or on,off",
     )
     p.add_argument(
         "--shared-prefix", type=int, default=0, help="tokens of a system prompt all requests share"

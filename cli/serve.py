@@ -43,6 +43,7 @@ def build_engine(settings: Settings) -> Engine:
         dtype=cfg.dtype,
         prefix_cache_mb=cfg.prefix_cache_mb,
         packed_linear=cfg.packed_linear,
+        fuse_prefill=cfg.fuse_prefill,
     )
 
 

@@ -158,6 +158,12 @@ class EngineSettings(_Section):
         "(2-3x faster products on x86; float32 log-probs agree with plain layers to ~1e-4; a "
         "second copy of the weights in memory)",
     )
+    fuse_prefill: bool = Field(
+        True,
+        description="embedded: a prompt chunk read while requests decode goes through the model "
+        "in one forward pass with their decode step (fewer passes over the weights: a shorter "
+        "gap between their tokens); used where the model passes a self-check at load",
+    )
     model_cache: Path = Field(
         Path.home() / ".cache" / "reef" / "models",
         description="where the tiny model is generated and SmolLM2 is converted (shared by state dirs)",

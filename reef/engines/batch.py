@@ -17,6 +17,7 @@ instead, copying the whole cache of every layer at every step.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,7 +59,7 @@ class Batch:
 
     def step(self, model: torch.nn.Module, tokens: list[int], **forward: Any) -> torch.Tensor:
         """Feed each row its newest token; return next-token logits [rows, vocab]."""
-        mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long)], dim=1)
+        mask = self.next_mask()
         out = model(
             input_ids=torch.tensor(tokens, dtype=torch.long).unsqueeze(1),
             attention_mask=mask,
@@ -67,10 +68,18 @@ class Batch:
             use_cache=True,
             **forward,
         )
+        self.stepped(out.cache, mask)
+        return out.logits[:, -1, :]
+
+    def next_mask(self) -> torch.Tensor:
+        """The attention mask [rows, cols + 1] of the next step: every row's new token counts."""
+        return torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long)], dim=1)
+
+    def stepped(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Take the state after a step fed each row one token (`mask`: its `next_mask`)."""
         # The cache grows in place layer by layer: after a failed pass the batch is unusable,
         # and the caller drops it with every row it held.
-        self.cache, self.mask, self.lengths = out.cache, mask, self.lengths + 1
-        return out.logits[:, -1, :]
+        self.cache, self.mask, self.lengths = cache, mask, self.lengths + 1
 
     def select(self, rows: list[int]) -> Batch | None:
         """Keep only `rows` (in that order); None when none are left."""
@@ -154,34 +163,61 @@ class Prefill:
     def step(self, model: torch.nn.Module, columns: int, **forward: Any) -> torch.Tensor | None:
         """Read the next `columns` columns (at least one); the next-token logits [rows, vocab]
         once the last column is read, else None. `forward` as in `Batch.prefill`."""
-        start = self.read
-        end = min(start + max(1, columns), int(self.mask.shape[1]))
-        chunk = self.mask[:, start:end]
-        if self.batch is None:
-            cache, mask, lengths = _cache([]), chunk, torch.zeros(len(self), dtype=torch.long)
-        else:
-            cache, lengths = self.batch.cache, self.batch.lengths
-            mask = torch.cat([self.batch.mask, chunk], dim=1)
-        # Padding does not count: a row's positions start at 0 on its first real token.
-        positions = (lengths.unsqueeze(1) + chunk.cumsum(-1) - 1).clamp(min=0)
+        chunk = self.next_chunk(columns)
         out = model(
-            input_ids=self.input_ids[:, start:end],
-            attention_mask=mask,
-            position_ids=positions,
-            cache=cache,
+            input_ids=chunk.input_ids,
+            attention_mask=chunk.mask,
+            position_ids=chunk.positions,
+            cache=chunk.cache,
             use_cache=True,
             logits_to_keep=1,  # the prompt's other positions need no vocabulary projection
             **forward,
         )
-        self.batch = Batch(out.cache, mask, lengths + chunk.sum(-1))
-        self.read = end
+        done = self.took(chunk, out.cache)
+        return out.logits[:, -1, :] if done else None
+
+    def next_chunk(self, columns: int) -> Chunk:
+        """What a pass reading the next `columns` columns (at least one) feeds the model."""
+        start = self.read
+        end = min(start + max(1, columns), int(self.mask.shape[1]))
+        new = self.mask[:, start:end]
+        if self.batch is None:
+            cache, mask, lengths = _cache([]), new, torch.zeros(len(self), dtype=torch.long)
+        else:
+            cache, lengths = self.batch.cache, self.batch.lengths
+            mask = torch.cat([self.batch.mask, new], dim=1)
+        # Padding does not count: a row's positions start at 0 on its first real token.
+        positions = (lengths.unsqueeze(1) + new.cumsum(-1) - 1).clamp(min=0)
+        return Chunk(self.input_ids[:, start:end], new, mask, positions, lengths, cache, end)
+
+    def took(self, chunk: Chunk, cache: DynamicCache) -> bool:
+        """Take the state after a pass read `chunk` into `cache`; True once the prompts are
+        read to their end (the pass's logits at the last column are then the next token's)."""
+        self.batch = Batch(cache, chunk.mask, chunk.lengths + chunk.new.sum(-1))
+        self.read = chunk.end
         if self.remaining:
             # Room for the rest of the prompt now, rather than a copy of the cache per chunk.
-            for layer in out.cache.layers:
+            for layer in cache.layers:
                 if isinstance(layer, _RoomyLayer):
                     layer.reserve(self.remaining + ROOM)
-            return None
-        return out.logits[:, -1, :]
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The columns one prefill pass reads: their tokens [rows, n], which of them are prompt
+    (1) or padding (0) [rows, n], the attention mask over everything read with them
+    [rows, read + n], their positions [rows, n], the rows' lengths before them, the cache they
+    go on top of, and the column the prompts are read to after them."""
+
+    input_ids: torch.Tensor
+    new: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    lengths: torch.Tensor
+    cache: DynamicCache
+    end: int
 
 
 class _RoomyLayer(DynamicLayer):

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from reef.engines import tool_calls
+from reef.engines import fused, tool_calls
 from reef.engines.base import VERIFY_MESSAGES, VERIFY_TOKENS, Completion
 from reef.engines.batch import Batch
 from reef.engines.defaults import generation_defaults, sampling_record, with_defaults
@@ -94,6 +94,7 @@ class EmbeddedEngine:
         dtype: str = "float32",
         prefix_cache_mb: int = PREFIX_CACHE_MB,
         packed_linear: bool = True,
+        fuse_prefill: bool = True,
     ):
         """`sampling_defaults`: what a request that leaves out temperature or top_p gets;
         None: what the model's generation_config.json recommends (as vLLM does), {}: none.
@@ -103,7 +104,9 @@ class EmbeddedEngine:
         bfloat16 model's). `prefix_cache_mb`: memory for the keys and values of prompts read
         before, reused by prompts that open with the same tokens (0: none). `packed_linear`:
         the Linear layers run through oneDNN with packed weights (`reef.engines.packed`:
-        2-3x faster products, a second copy of the weights)."""
+        2-3x faster products, a second copy of the weights). `fuse_prefill`: a chunk read while
+        rows decode shares their decode step's forward pass (`reef.engines.fused`), where the
+        model passes `fused.supported`."""
         if max_batch_size < 1 or default_max_tokens < 1:
             raise ConfigError("max_batch_size and default_max_tokens must be at least 1")
         if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
@@ -118,6 +121,7 @@ class EmbeddedEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefix_cache_mb = prefix_cache_mb
         self.packed_linear = packed_linear
+        self.fuse_prefill = fuse_prefill
         self.dtype = DTYPES[dtype]
         self.sampling_defaults = (
             generation_defaults(self.model_dir)
@@ -336,6 +340,7 @@ class EmbeddedEngine:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 2048)
         with torch.inference_mode():  # warm-up: the first request should not pay for allocation
             Batch.prefill(model, [[self._pad_id]], self._pad_id)
+        fuse = self.fuse_prefill and fused.supported(model, self._pad_id)
         self._linear_shapes = {
             name: (m.in_features, m.out_features)
             for name, m in model.named_modules()
@@ -347,7 +352,7 @@ class EmbeddedEngine:
         self._base = Variant(self.model_id, model)
         log.info(
             "embedded engine loaded %s (%s, %s, %d packed linear layers) in %.1f s: context %d, "
-            "batch %d, prefill chunk %d, %d threads",
+            "batch %d, prefill chunk %d%s, %d threads",
             self.model_id,
             self.model_dir,
             str(self.dtype).removeprefix("torch."),
@@ -356,6 +361,7 @@ class EmbeddedEngine:
             self.max_context,
             self.max_batch_size,
             self.prefill_chunk_tokens,
+            " (fused with decode steps)" if fuse else "",
             torch.get_num_threads(),
         )
         return Scheduler(
@@ -368,6 +374,7 @@ class EmbeddedEngine:
             stats=self.stats,
             prefill_chunk_tokens=self.prefill_chunk_tokens,
             prefix_cache_bytes=self.prefix_cache_mb * 2**20,
+            fuse_prefill=fuse,
         )
 
     def _read_adapter(self, path: Path) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -19,8 +19,10 @@ Between decode steps the scheduler admits queued requests, reads their prompts (
 them into the running batch, drops finished and cancelled rows, and advances every row by one
 token per forward pass. While rows are decoding, prompts are read in chunks
 (`prefill_chunk_tokens` prompt tokens per round, `reef.engines.batch.Prefill`): a long prompt
-arriving mid-batch costs the running rows a chunk's forward pass per round instead of a stall
-for its whole length; with nothing decoding they are read whole, in as few passes as can be.
+arriving mid-batch costs the running rows a chunk per round instead of a stall for its whole
+length; with nothing decoding they are read whole, in as few passes as can be. Where the model
+allows (`reef.engines.fused`), a chunk goes through the model in the same forward pass as the
+decode step of the rows it will join, so a round reads the weights once.
 Prompts that open with tokens read before (a scenario's system prompt and harness text) start
 from the keys and values the prefix cache kept of them (`reef.engines.prefixes`).
 
@@ -45,6 +47,7 @@ from typing import Any
 
 import torch
 
+from reef.engines import fused
 from reef.engines.batch import Batch, Prefill
 from reef.engines.detokenize import Detokenizer, TokenText
 from reef.engines.prefixes import Hit, PrefixCache, VariantKey
@@ -77,6 +80,7 @@ class EngineStats:
     prefills: int = 0  # forward passes over prompts
     prompt_tokens: int = 0
     steps: int = 0  # decode forward passes
+    fused: int = 0  # passes that were both: a decode step and a prompt chunk (reef.engines.fused)
     tokens_generated: int = 0
     max_batch: int = 0  # most rows in one forward pass
     active: int = 0  # admitted and not yet done
@@ -202,14 +206,19 @@ class Scheduler:
         stats: EngineStats,
         prefill_chunk_tokens: int = 0,
         prefix_cache_bytes: int = 0,
+        fuse_prefill: bool = False,
     ):
         """`prefill_chunk_tokens`: the most prompt tokens (padding included) read per round
         while other rows decode; 0 reads every admitted prompt whole at once.
-        `prefix_cache_bytes`: how much the prefix cache may keep; 0: no prefix cache."""
+        `prefix_cache_bytes`: how much the prefix cache may keep; 0: no prefix cache.
+        `fuse_prefill`: a chunk read while rows of the same weights decode goes through the
+        model in one pass with their decode step (`reef.engines.fused`; the model must be one
+        `fused.supported` accepts)."""
         # ---- fixed before the thread starts
         self.model_id = model_id
         self.max_batch_size = max_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.fuse_prefill = fuse_prefill
         self.stats = stats  # written by the scheduler thread only
         self._eos_ids = eos_ids
         self._pad_id = pad_id
@@ -291,10 +300,11 @@ class Scheduler:
                     for group in self._groups.values():
                         self._drop_cancelled(group)
                     self._plan(self._admit())
-                    self._read_prompts()
-                    # Round-robin over the groups: one forward pass each per round.
+                    stepped = self._read_prompts()
+                    # Round-robin over the groups: one forward pass each per round (a group
+                    # that decoded fused with a prompt's chunk has had its pass).
                     for group in list(self._groups.values()):
-                        if group.rows:
+                        if group.rows and group not in stepped:
                             self._decode(group)
                     self._groups = {w: g for w, g in self._groups.items() if g.rows}
                 except Exception as exc:  # a bug of ours, not the model's: keep serving
@@ -386,11 +396,13 @@ class Scheduler:
         """Whether any row is decoding: a prompt read whole would stall it."""
         return any(g.rows for g in self._groups.values())
 
-    def _read_prompts(self) -> None:
+    def _read_prompts(self) -> set[_Group]:
         """Read queued prompts, oldest first, up to `prefill_chunk_tokens` tokens this round
-        (always some); those read to the end sample their first token and join their group."""
+        (always some); those read to the end sample their first token and join their group.
+        Returns the groups that decoded this round too (fused with a chunk)."""
         budget = (self.prefill_chunk_tokens or None) if self._decoding() else None
         progressed = False
+        stepped: set[_Group] = set()
         while self._reading:
             unit = self._reading[0]
             if all(r.cancelled for r in unit.rows):
@@ -403,19 +415,28 @@ class Scheduler:
                 columns = min(columns, budget // len(unit.prefill))
                 if columns < 1:
                     if progressed:
-                        return
+                        return stepped
                     columns = 1
                 budget -= columns * len(unit.prefill)
             progressed = True
-            if not self._read(unit, columns):
-                return  # the budget is spent: this unit goes on next round
+            if not self._read(unit, columns, stepped):
+                return stepped  # the budget is spent: this unit goes on next round
+        return stepped
 
-    def _read(self, unit: _Reading, columns: int) -> bool:
-        """One prefill pass over the next `columns` columns of `unit`; True once it has left
+    def _read(self, unit: _Reading, columns: int, stepped: set[_Group]) -> bool:
+        """One prefill pass over the next `columns` columns of `unit` — fused with the decode
+        step of the group it will join when that group is decoding, has not decoded this
+        round (`stepped`) and reads with the same LoRA setting; True once the unit has left
         the reading line (read to the end and joined its group, or failed)."""
         rows = unit.rows
         reading = unit.prefill
         start = reading.read
+        group = self._groups.get(unit.weights)
+        if self.fuse_prefill and group is not None and group.rows and group not in stepped:
+            model, extra = self._forward(unit.weights, group.rows + rows)
+            if not extra:  # one LoRA setting for all: one plain forward pass
+                stepped.add(group)
+                return self._read_fused(unit, columns, group, model)
         try:
             model, extra = self._forward(unit.weights, rows)
             logits = reading.step(model, columns, **extra)
@@ -431,6 +452,45 @@ class Scheduler:
                 )
             self._reading.remove(unit)
             return True
+        return self._joined(unit, keep)
+
+    def _read_fused(
+        self, unit: _Reading, columns: int, group: _Group, model: torch.nn.Module
+    ) -> bool:
+        """`_read` and `_decode(group)` in one forward pass (`reef.engines.fused`)."""
+        reading = unit.prefill
+        start = reading.read
+        batch = group.batch
+        assert batch is not None
+        try:
+            decoded, read = fused.step(
+                model, batch, [r.last_token for r in group.rows], reading, columns
+            )
+            self.stats.steps += 1
+            self.stats.prefills += 1
+            self.stats.fused += 1
+            self.stats.prompt_tokens += int(reading.mask[:, start : reading.read].sum())
+            self.stats.max_batch = max(self.stats.max_batch, len(group.rows) + len(unit.rows))
+            self._stepped(group, self._advance(group.rows, decoded))
+            keep = None if read is None else self._advance(unit.rows, read)
+        except Exception as exc:
+            # Both caches may be half-updated: the group's rows and the prompt's fail.
+            log.exception(
+                "embedded engine: fused pass over %d rows and %d prompts failed",
+                len(group.rows),
+                len(unit.rows),
+            )
+            for r in group.rows + unit.rows:
+                self._fail(r, EngineError(_failed("the model failed while generating", exc)))
+            group.batch, group.rows = None, []
+            self._reading.remove(unit)
+            return True
+        return self._joined(unit, keep)
+
+    def _joined(self, unit: _Reading, keep: list[int] | None) -> bool:
+        """After a pass over `unit`: once read to the end (`keep`: its rows still running)
+        its rows join their group; True when it has left the reading line."""
+        rows, reading = unit.rows, unit.prefill
         if keep is None:
             return False
         self._reading.remove(unit)
@@ -518,8 +578,14 @@ class Scheduler:
                 self._fail(r, EngineError(_failed("the model failed while generating", exc)))
             group.batch, group.rows = None, []
             return
-        if len(keep) < len(rows):
-            group.batch, group.rows = batch.select(keep), [rows[i] for i in keep]
+        self._stepped(group, keep)
+
+    def _stepped(self, group: _Group, keep: list[int]) -> None:
+        """After a decode step of `group`: only the rows at `keep` go on."""
+        if len(keep) < len(group.rows):
+            assert group.batch is not None
+            group.batch = group.batch.select(keep)
+            group.rows = [group.rows[i] for i in keep]
 
     def _advance(self, rows: list[Request], logits: torch.Tensor) -> list[int]:
         """Sample each row's next token, send it, and return the indices of rows still running."""

@@ -36,11 +36,12 @@ def body(question: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def answers(tiny_dir: Path, chunk: int) -> tuple[list[Completion], Any]:
+def answers(tiny_dir: Path, chunk: int, **options: Any) -> tuple[list[Completion], Any]:
     """A request decoding, then every question at once, on an engine reading `chunk` prompt
-    tokens a round while others decode (no prefix cache: every prompt is read in full)."""
+    tokens a round while others decode (no prefix cache: every prompt is read in full);
+    `options` go to the engine."""
     with running_engine(
-        tiny_dir, max_batch_size=8, prefill_chunk_tokens=chunk, prefix_cache_mb=0
+        tiny_dir, max_batch_size=8, prefill_chunk_tokens=chunk, prefix_cache_mb=0, **options
     ) as engine:
 
         async def ask() -> list[Completion]:
