@@ -2,10 +2,11 @@
 
 Why: with chunked prefill and separate passes, every chunk costs the running rows a whole
 extra forward pass — it reads every weight again, and a decode step of a small model on a CPU
-is mostly that (SmolLM2-135M, 2 cores: 8 decode rows ~29 ms, a 16-token chunk alone ~28 ms,
-both together as one sequence of 24 ~37 ms). Fused, a chunk lengthens the running rows' gap by
-what its tokens add to the matrix products, not by a second pass. vLLM schedules this way
-(decode tokens and prefill chunks in one batch of tokens).
+is mostly that. Fused, a chunk lengthens the running rows' gap by what its tokens add to the
+matrix products, not by a second pass (SmolLM2-135M, 8 streams, one thread, a 1,500-token
+prompt in chunks of 16: their inter-token latency p50 79 ms fused against 103 ms apart, 43 ms
+without the prompt; README, "Fused prefill"). vLLM schedules this way (decode tokens and
+prefill chunks in one batch of tokens).
 
 How: the decode rows' newest tokens and the chunk's tokens go through the model as one
 sequence [1, rows + chunk rows x columns], so every layer's projections and MLP run once over
