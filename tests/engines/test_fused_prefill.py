@@ -4,7 +4,9 @@ engine that does not answers."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +15,11 @@ from transformers import AutoModelForCausalLM
 from reef.engines import fused
 from reef.engines.base import Completion
 from reef.engines.batch import Batch, Prefill
+from tests.engines.conftest import running_engine
 from tests.engines.test_chunked_prefill import answers
+from tests.engines.test_embedded_releases import lora
+from tests.engines.test_prefix_cache import QUESTIONS
+from tests.engines.test_prefix_cache import body as prefixed
 
 PAD = 0
 
@@ -83,5 +89,46 @@ def test_the_engine_fuses_and_answers_as_it_does_unfused(tiny_dir: Path) -> None
     assert passes < apart_stats.steps + apart_stats.prefills
     for a, b in zip(apart, together, strict=True):
         assert isinstance(a, Completion) and isinstance(b, Completion)
+        assert a.completion_token_ids == b.completion_token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_fused_passes_read_prefix_hits_and_adapters_as_separate_ones_do(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """While an adapter's request decodes, prompts of that adapter that open with a cached
+    system prompt are read fused with its steps: the same answers as separate passes."""
+    adapter = tmp_path / "a1"
+    lora(AutoModelForCausalLM.from_pretrained(tiny_dir).eval(), 1, adapter, scale=0.3)
+
+    def run(fuse: bool) -> tuple[list[Completion], Any]:
+        with running_engine(
+            tiny_dir,
+            max_batch_size=8,
+            prefill_chunk_tokens=8,
+            prefix_cache_mb=64,
+            fuse_prefill=fuse,
+        ) as engine:
+
+            async def ask() -> list[Completion]:
+                await engine.load_adapter("a1", adapter)
+                first = await engine.complete(prefixed("a1", QUESTIONS[0]))  # caches the opening
+                running = asyncio.create_task(
+                    engine.complete({**prefixed("a1", "hi"), "max_tokens": 120})
+                )
+                while engine.stats.tokens_generated < len(first.completion_token_ids or []) + 2:
+                    await asyncio.sleep(0.001)
+                rest = await asyncio.gather(
+                    *(engine.complete(prefixed("a1", q)) for q in QUESTIONS[1:])
+                )
+                return [first, *rest, await running]
+
+            return asyncio.run(ask()), engine.stats
+
+    apart, apart_stats = run(False)
+    together, stats = run(True)
+    assert apart_stats.fused == 0 and stats.fused > 0
+    assert stats.prefix_hits >= len(QUESTIONS) - 1
+    for a, b in zip(apart, together, strict=True):
         assert a.completion_token_ids == b.completion_token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
