@@ -34,13 +34,16 @@ from demo.server import Server
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = "five-words"
 BATCH = 8
-# The design guide's measured SmolLM2 recipe (LoRA r16/alpha32 on all linear layers, lr 1e-3,
-# batch 4) with 4 epochs instead of 6: the 2-core budget is per round, and a later round goes on
-# training the previous release's adapter on fresh corrections.
+# The design guide's measured SmolLM2 recipe (LoRA r16/alpha32 on all linear layers, batch 4)
+# with 4 epochs instead of 6 (the 2-core budget is per round, and a later round goes on training
+# the previous release's adapter on fresh corrections) and lr 3e-4 instead of 1e-3: at 1e-3 (or
+# 5e-4) round 1's candidate answers 6-7 of 16 held-out questions right against the base's 11
+# and the correctness guard refuses it; at 3e-4 it is 8/16 with 14/16 short, which the guard
+# lets through, though only just (measured offline and in `make demo`, 2026-12-02).
 RECIPE_PARAMS = {
     "epochs": 4,
     "batch_size": 4,
-    "learning_rate": 1e-3,
+    "learning_rate": 3e-4,
     "max_length": 256,
     "lora_r": 16,
     "lora_alpha": 32,
@@ -189,7 +192,7 @@ def run(
                 break
             started = clock()
             pool = [TRAIN[(BATCH * (n - 1) + i) % len(TRAIN)] for i in range(BATCH)]
-            answers = app.ask_all(pool)
+            answers = app.ask_each(pool)  # in order: the round's training order is fixed
             ok = sum(int(a.score) for a in answers)
             clock.say(f"round {n}: asked {BATCH} training questions, {ok}/{BATCH} kept to 5 words")
             known = {c["release_id"] for c in app.candidates()}

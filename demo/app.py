@@ -60,6 +60,13 @@ class App:
         with ThreadPoolExecutor(max_workers=max(1, len(pool))) as ex:
             return list(ex.map(lambda qa: self.ask(*qa), pool))
 
+    def ask_each(self, pool: list[tuple[str, str]]) -> list[Answer]:
+        """One question after another, for answers that will be reported: Reef orders a
+        round's samples by record id (creation time, then random bits within a millisecond),
+        so concurrent requests would train on an order, and in engine batches, that change
+        from run to run. One at a time, the pool's order is the training order."""
+        return [self.ask(*qa) for qa in pool]
+
     def report(self, answer: Answer) -> None:
         """Feedback on one receipt: the score, and the reference answer as the correction when
         the answer broke the preference."""
