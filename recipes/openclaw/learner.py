@@ -40,6 +40,7 @@ class Setup:
     eps_high: float
     selection: Selection
     max_grad_norm: float | None
+    anchor: bool = True  # unhinted ±1 turns distil toward the base on the plain prompt
 
 
 def response_logits(model: Any, ids: list[int], prompt_len: int, temperature: float) -> Any:
@@ -98,7 +99,8 @@ class OpenClawLearner:
         self.opt.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "rl_loss": 0.0, "opd_loss": 0.0, "opd_advantage_abs": 0.0}
         for turn in batch:
-            teacher_on_s = self.teacher(turn) if s.w_opd else None
+            distil = s.w_opd and (turn.hints or s.anchor)
+            teacher_on_s = self.teacher(turn) if distil else None
             ids = list(turn.prompt_ids) + list(turn.completion_ids)
             lsm = response_logits(self.policy, ids, len(turn.prompt_ids), s.temperature)
             y = torch.tensor(turn.completion_ids, dtype=torch.long)
@@ -127,7 +129,8 @@ class OpenClawLearner:
                 loss = loss + s.w_opd * opd.loss
                 totals["opd_loss"] += opd.loss.item() / len(batch)
                 totals["opd_advantage_abs"] += opd.advantage_abs_mean / len(batch)
-            (loss / len(batch)).backward()
+            if loss.requires_grad:  # opd mode without the anchor: an unhinted turn adds nothing
+                (loss / len(batch)).backward()
             totals["loss"] += loss.item() / len(batch)
         if s.max_grad_norm is not None:
             params = [p for g in self.opt.param_groups for p in g["params"]]

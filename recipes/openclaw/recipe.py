@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from recipes.openclaw.turns import JudgedTurn
 
 Mode = Literal["combined", "rl", "opd"]
-LEARNING_RATE = 1e-4  # combined and opd (OpenClawParams.learning_rate says why)
-RL_LEARNING_RATE = 3e-4  # rl: measured on score-only thumbs, see OpenClawParams
+LEARNING_RATE = 3e-4  # combined and rl (OpenClawParams.learning_rate says why)
+OPD_LEARNING_RATE = 1e-4  # opd: not measured at 3e-4
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,13 @@ class OpenClawParams:
     # One optimizer step per batch of judged turns (§2.1: 16; §2.5: 4-8 on CPU). A snapshot
     # smaller than this is one step. [deviation: 8]
     batch_size: int = 8
-    # Adam(W), constant. None: by mode. combined / opd: 1e-4 — the paper's 1e-5 is for a full
-    # fine-tune of a 4B model; its LoRA variant (Tinker) uses 1e-4, which moves a 135M LoRA in
-    # a few steps. rl: 3e-4 — score-only thumbs on SmolLM2 + LoRA (bench/score_only.py, 10
-    # rounds of 8 thumbs, one step each): 1e-4 took the held-out rate 25 % -> 50 %, 3e-4 to
-    # 88 % (again on a second seed) with the answers' correctness unchanged (62 %); 1e-3 made
-    # every answer short and none right by round 6. docs/reactions.md. [deviation]
+    # Adam(W), constant. None: by mode. [deviation] The paper's 1e-5 is for a full fine-tune of
+    # a 4B model; its LoRA variant (Tinker) uses 1e-4. On SmolLM2 + LoRA (docs/reactions.md):
+    # rl 3e-4 — score-only thumbs (bench/score_only.py, 10 rounds of 8, one step each): 1e-4
+    # took the held-out rate 25 % -> 50 %, 3e-4 to 88 % (again on a second seed) with the
+    # answers' correctness unchanged; 1e-3 made every answer short and none right by round 6.
+    # combined 3e-4 — reactions (bench/reactions.py, three streams): 88/88/94 % after 10
+    # rounds against 62/62/69 % at 1e-4. opd 1e-4 (not measured at 3e-4).
     learning_rate: float | None = None
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -54,6 +55,12 @@ class OpenClawParams:
     eps: float = 0.2
     eps_high: float = 0.28
     hint_selection: Literal["sequence_optimal", "token_optimal", "shortest"] = "sequence_optimal"
+    # §2.2's dispatch: a ±1 vote without hints distils toward the frozen base on the plain
+    # prompt (the anchor). False: such turns train on their reward alone. Measured on the
+    # reactions bench (docs/reactions.md): the anchor holds combined one held-out answer below
+    # RL-only after round 7 (it pulls accepted short answers back toward the base's longer
+    # ones); without it combined is at or above RL-only in every round of three streams.
+    anchor: bool = True
     max_grad_norm: float | None = None  # not in the method; set it to guard odd batches
     # Scores as thumbs up/down (+1 at or above, -1 below) instead of judge votes: score-only
     # feedback on [0, 1] without a judge. None: scores are votes in {-1, 0, +1}.
@@ -76,7 +83,7 @@ class OpenClawParams:
         """The learning rate: `learning_rate`, or the mode's default."""
         if self.learning_rate is not None:
             return self.learning_rate
-        return RL_LEARNING_RATE if self.mode == "rl" else LEARNING_RATE
+        return OPD_LEARNING_RATE if self.mode == "opd" else LEARNING_RATE
 
     def weights(self) -> tuple[float, float]:
         """(w_RL, w_OPD) for the mode."""
@@ -102,6 +109,7 @@ class OpenClawParams:
             eps_high=self.eps_high,
             selection=self.hint_selection,
             max_grad_norm=self.max_grad_norm,
+            anchor=self.anchor,
         )
 
 
