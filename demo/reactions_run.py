@@ -33,13 +33,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = "reactions"
 
 
-def config(sessions: int, lr: float, batch: int) -> dict:
+def config(sessions: int, lr: float | None, batch: int) -> dict:
+    params: dict = {"batch_size": batch}
+    if lr is not None:  # else the recipe's default for its mode
+        params["learning_rate"] = lr
     return {
         "engine": {"max_batch_size": 16},
         "reef": {
             "recipe": "openclaw",
             "batch_size": sessions,
-            "params": {"batch_size": batch, "learning_rate": lr},
+            "params": params,
         },
         # `always`: each round's candidate becomes the head; the demo measures it itself.
         "gate": {"policy": "always"},
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--sessions", type=int, default=8, help="sessions per round (= batch)")
     p.add_argument("--batch", type=int, default=4, help="judged turns per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=None, help="default: the recipe's (3e-4)")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--round-timeout", type=float, default=900.0)
     p.add_argument("--state-dir", type=Path)
