@@ -410,6 +410,7 @@ async def bench_long_prompt(
                     what = f"with a {tokens}-token prompt" if with_long else "alone"
                     how = "fused" if fused else "separate passes"
                     print(f"[{spec}] prefill chunk {chunk}, {how}: 8 streams {what}", flush=True)
+                    before = engine.stats.fused
                     run = await long_prompt_pass(
                         engine, STATIC_BATCH, max_tokens, long if with_long else None, 8
                     )
@@ -417,7 +418,7 @@ async def bench_long_prompt(
                         {
                             "prefill_chunk_tokens": chunk,
                             "fuse_prefill": fused,
-                            "fused_passes": engine.stats.fused,
+                            "fused_passes": engine.stats.fused - before,  # this pass's
                             "prompt_tokens": tokens,
                             **run,
                         }
