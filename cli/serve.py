@@ -44,6 +44,7 @@ def build_engine(settings: Settings) -> Engine:
         prefix_cache_mb=cfg.prefix_cache_mb,
         packed_linear=cfg.packed_linear,
         fuse_prefill=cfg.fuse_prefill,
+        itl_target_ms=cfg.itl_target_ms,
     )
 
 

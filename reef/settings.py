@@ -164,6 +164,15 @@ class EngineSettings(_Section):
         "in one forward pass with their decode step (fewer passes over the weights: a shorter "
         "gap between their tokens); used where the model passes a self-check at load",
     )
+    itl_target_ms: float | None = Field(
+        None,
+        gt=0,
+        description="embedded: the gap between a decoding stream's tokens to keep while prompts "
+        "are read: each round reads as much of a prompt as its measured cost leaves room for "
+        "(at least one token, at most prefill_chunk_tokens when that is set), so a long "
+        "prompt arriving mid-batch waits longer for its first token instead of slowing the "
+        "streams; unset: chunks of prefill_chunk_tokens",
+    )
     model_cache: Path = Field(
         Path.home() / ".cache" / "reef" / "models",
         description="where the tiny model is generated and SmolLM2 is converted (shared by state dirs)",

@@ -95,6 +95,7 @@ class EmbeddedEngine:
         prefix_cache_mb: int = PREFIX_CACHE_MB,
         packed_linear: bool = True,
         fuse_prefill: bool = True,
+        itl_target_ms: float | None = None,
     ):
         """`sampling_defaults`: what a request that leaves out temperature or top_p gets;
         None: what the model's generation_config.json recommends (as vLLM does), {}: none.
@@ -106,11 +107,16 @@ class EmbeddedEngine:
         the Linear layers run through oneDNN with packed weights (`reef.engines.packed`:
         2-3x faster products, a second copy of the weights). `fuse_prefill`: a chunk read while
         rows decode shares their decode step's forward pass (`reef.engines.fused`), where the
-        model passes `fused.supported`."""
+        model passes `fused.supported`. `itl_target_ms`: while rows decode, each round reads as
+        much of a prompt as keeps it within this many milliseconds by measured round times
+        (`reef.engines.pacing`; at most `prefill_chunk_tokens` when that is set); None: chunks
+        of `prefill_chunk_tokens`."""
         if max_batch_size < 1 or default_max_tokens < 1:
             raise ConfigError("max_batch_size and default_max_tokens must be at least 1")
         if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
             raise ConfigError("prefill_chunk_tokens and prefix_cache_mb must be 0 (off) or more")
+        if itl_target_ms is not None and itl_target_ms <= 0:
+            raise ConfigError("itl_target_ms must be positive (or unset)")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
         self.model_dir = Path(model_dir)
@@ -122,6 +128,7 @@ class EmbeddedEngine:
         self.prefix_cache_mb = prefix_cache_mb
         self.packed_linear = packed_linear
         self.fuse_prefill = fuse_prefill
+        self.itl_target_ms = itl_target_ms
         self.dtype = DTYPES[dtype]
         self.sampling_defaults = (
             generation_defaults(self.model_dir)
@@ -352,7 +359,7 @@ class EmbeddedEngine:
         self._base = Variant(self.model_id, model)
         log.info(
             "embedded engine loaded %s (%s, %s, %d packed linear layers) in %.1f s: context %d, "
-            "batch %d, prefill chunk %d%s, %d threads",
+            "batch %d, prefill chunk %d%s%s, %d threads",
             self.model_id,
             self.model_dir,
             str(self.dtype).removeprefix("torch."),
@@ -362,6 +369,7 @@ class EmbeddedEngine:
             self.max_batch_size,
             self.prefill_chunk_tokens,
             " (fused with decode steps)" if fuse else "",
+            f" paced to {self.itl_target_ms:g} ms rounds" if self.itl_target_ms else "",
             torch.get_num_threads(),
         )
         return Scheduler(
@@ -375,6 +383,7 @@ class EmbeddedEngine:
             prefill_chunk_tokens=self.prefill_chunk_tokens,
             prefix_cache_bytes=self.prefix_cache_mb * 2**20,
             fuse_prefill=fuse,
+            itl_target_s=self.itl_target_ms / 1000 if self.itl_target_ms else None,
         )
 
     def _read_adapter(self, path: Path) -> tuple[Any, dict[str, torch.Tensor]]:

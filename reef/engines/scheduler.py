@@ -20,9 +20,13 @@ them into the running batch, drops finished and cancelled rows, and advances eve
 token per forward pass. While rows are decoding, prompts are read in chunks
 (`prefill_chunk_tokens` prompt tokens per round, `reef.engines.batch.Prefill`): a long prompt
 arriving mid-batch costs the running rows a chunk per round instead of a stall for its whole
-length; with nothing decoding they are read whole, in as few passes as can be. Where the model
+length; with nothing decoding they are read whole, in as few passes as can be, until the first
+of them has joined the batch (a long prompt queued behind short ones must not hold up their
+second token for its whole length: from then on it is read in chunks too). Where the model
 allows (`reef.engines.fused`), a chunk goes through the model in the same forward pass as the
-decode step of the rows it will join, so a round reads the weights once.
+decode step of the rows it will join, so a round reads the weights once. With an inter-token
+latency target the chunk is sized from measured round times instead, so that a round that reads
+one stays within the target (`reef.engines.pacing`).
 Prompts that open with tokens read before (a scenario's system prompt and harness text) start
 from the keys and values the prefix cache kept of them (`reef.engines.prefixes`).
 
@@ -50,6 +54,7 @@ import torch
 from reef.engines import fused
 from reef.engines.batch import Batch, Prefill
 from reef.engines.detokenize import Detokenizer, TokenText
+from reef.engines.pacing import Pacer
 from reef.engines.prefixes import Hit, PrefixCache, VariantKey
 from reef.engines.response import TokenEvent
 from reef.engines.sampling import Sampled, SamplingParams, sample_rows
@@ -207,13 +212,18 @@ class Scheduler:
         prefill_chunk_tokens: int = 0,
         prefix_cache_bytes: int = 0,
         fuse_prefill: bool = False,
+        itl_target_s: float | None = None,
     ):
         """`prefill_chunk_tokens`: the most prompt tokens (padding included) read per round
         while other rows decode; 0 reads every admitted prompt whole at once.
         `prefix_cache_bytes`: how much the prefix cache may keep; 0: no prefix cache.
         `fuse_prefill`: a chunk read while rows of the same weights decode goes through the
         model in one pass with their decode step (`reef.engines.fused`; the model must be one
-        `fused.supported` accepts)."""
+        `fused.supported` accepts).
+        `itl_target_s`: while rows decode, read as many prompt tokens a round (at most
+        `prefill_chunk_tokens` when that is set) as keep the round within this many seconds,
+        by the measured cost of earlier rounds (`reef.engines.pacing`); None: always
+        `prefill_chunk_tokens`."""
         # ---- fixed before the thread starts
         self.model_id = model_id
         self.max_batch_size = max_batch_size
@@ -234,6 +244,9 @@ class Scheduler:
         self._reading: deque[_Reading] = deque()  # admitted, prompts being read, in order
         self._retiring: list[tuple[Variant, Future[None]]] = []  # unloaded, maybe still in use
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+        self._pacer = Pacer(itl_target_s, prefill_chunk_tokens) if itl_target_s else None
+        self._round_rows = 0  # rows that decoded in this round
+        self._round_tokens = 0  # prompt columns x rows read in this round, padding included
 
     # ---- the event loop's interface (any thread)
 
@@ -297,6 +310,8 @@ class Scheduler:
                     self._shutdown()
                     return
                 try:
+                    started = time.perf_counter()
+                    self._round_rows = self._round_tokens = 0
                     for group in self._groups.values():
                         self._drop_cancelled(group)
                     self._plan(self._admit())
@@ -307,6 +322,10 @@ class Scheduler:
                         if group.rows and group not in stepped:
                             self._decode(group)
                     self._groups = {w: g for w, g in self._groups.items() if g.rows}
+                    if self._pacer is not None:
+                        self._pacer.observe(
+                            self._round_rows, self._round_tokens, time.perf_counter() - started
+                        )
                 except Exception as exc:  # a bug of ours, not the model's: keep serving
                     log.exception("embedded engine scheduler error")
                     for r in self._in_flight():
@@ -396,14 +415,26 @@ class Scheduler:
         """Whether any row is decoding: a prompt read whole would stall it."""
         return any(g.rows for g in self._groups.values())
 
+    def _budget(self) -> int | None:
+        """The most prompt tokens (padding included) to read this round; None: no limit."""
+        rows = sum(len(g.rows) for g in self._groups.values())
+        if not rows:
+            return None
+        if self._pacer is not None:
+            return self._pacer.budget(rows)
+        return self.prefill_chunk_tokens or None
+
     def _read_prompts(self) -> set[_Group]:
-        """Read queued prompts, oldest first, up to `prefill_chunk_tokens` tokens this round
-        (always some); those read to the end sample their first token and join their group.
+        """Read queued prompts, oldest first, up to the round's budget of tokens (always
+        some); those read to the end sample their first token and join their group.
         Returns the groups that decoded this round too (fused with a chunk)."""
-        budget = (self.prefill_chunk_tokens or None) if self._decoding() else None
+        budget = self._budget()
         progressed = False
         stepped: set[_Group] = set()
         while self._reading:
+            if budget is None and progressed:
+                # Prompts read whole joined the batch: the rest must not stall their rows.
+                budget = self._budget()
             unit = self._reading[0]
             if all(r.cancelled for r in unit.rows):
                 for r in unit.rows:
@@ -443,6 +474,7 @@ class Scheduler:
             self.stats.prefills += 1
             self.stats.prompt_tokens += int(reading.mask[:, start : reading.read].sum())
             self.stats.max_batch = max(self.stats.max_batch, len(rows))
+            self._round_tokens += (reading.read - start) * len(rows)
             keep = None if logits is None else self._advance(rows, logits)
         except Exception as exc:
             log.exception("embedded engine: prefill of %d requests failed", len(rows))
@@ -470,6 +502,8 @@ class Scheduler:
             self.stats.prefills += 1
             self.stats.fused += 1
             self.stats.prompt_tokens += int(reading.mask[:, start : reading.read].sum())
+            self._round_rows += len(group.rows)
+            self._round_tokens += (reading.read - start) * len(unit.rows)
             self.stats.max_batch = max(self.stats.max_batch, len(group.rows) + len(unit.rows))
             self._stepped(group, self._advance(group.rows, decoded))
             keep = None if read is None else self._advance(unit.rows, read)
@@ -569,6 +603,7 @@ class Scheduler:
             model, extra = self._forward(group.weights, rows)
             logits = batch.step(model, [r.last_token for r in rows], **extra)
             self.stats.steps += 1
+            self._round_rows += len(rows)
             self.stats.max_batch = max(self.stats.max_batch, len(rows))
             keep = self._advance(rows, logits)
         except Exception as exc:

@@ -5,7 +5,9 @@ being read."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +140,34 @@ def test_a_prompt_cancelled_while_read_stops_being_read(tiny_dir: Path) -> None:
         stats = engine.stats
         assert stats.cancelled == 1 and stats.active == 0 and stats.failed == 0
         assert stats.prefills < 40, stats  # far fewer than the long prompt's ~75 chunks
+
+
+def test_prompts_read_whole_do_not_wait_for_the_ones_behind_them(tiny_dir: Path) -> None:
+    """Two long prompts queued while a row decodes are read in chunks; when that row ends,
+    nothing decodes and the first prompt's rest is read whole. From the moment it joins the
+    batch the second is read in chunks again, not whole in the same round (which would hold
+    up the first one's second token for all of it)."""
+    from reef.engines.scheduler import _Control
+
+    with running_engine(tiny_dir, max_batch_size=8, prefill_chunk_tokens=16) as engine:
+
+        async def scenario() -> list[Completion]:
+            running = asyncio.create_task(engine.complete(body("hi", max_tokens=10)))
+            while not engine.stats.tokens_generated:
+                await asyncio.sleep(0.0005)
+            # Hold the scheduler thread so that both are planned while the row decodes.
+            gate = threading.Event()
+            engine._scheduler._queue.put(_Control(gate.wait, Future()))
+            first = asyncio.create_task(engine.complete(body(LONG, max_tokens=30)))
+            second = asyncio.create_task(engine.complete(body(LONG, max_tokens=2)))
+            while engine._scheduler._queue.qsize() < 2:
+                await asyncio.sleep(0.001)
+            gate.set()
+            return [await running, await first, await second]
+
+        done = asyncio.run(scenario())
+        assert [len(c.completion_token_ids or []) for c in done] == [10, 30, 2]
+        stats = engine.stats
+        # The second's ~600 tokens: in chunks of 16 while the first decodes its 30 (read
+        # whole behind the first: 1 pass, ~11 in all).
+        assert stats.prefills >= 30, stats

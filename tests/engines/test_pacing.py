@@ -1,0 +1,116 @@
+"""Prompt chunks sized from measured round times (`engine.itl_target_ms`): the cost model on
+its own, and the embedded engine reading a long prompt paced by it."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from reef.engines.pacing import FLOOR, Pacer
+from reef.errors import ConfigError
+from tests.engines.test_chunked_prefill import answers
+
+
+def test_nothing_measured_reads_one_token() -> None:
+    assert Pacer(0.06).budget(8) == 1
+
+
+def test_a_prompt_token_is_first_priced_as_a_decoding_row() -> None:
+    pacer = Pacer(0.060)
+    for _ in range(5):
+        pacer.observe(8, 0, 0.040)
+    # 20 ms of room at 5 ms a token (40 ms over 8 rows).
+    assert pacer.budget(8) == 4
+
+
+def test_rounds_that_read_a_prompt_price_its_tokens() -> None:
+    pacer = Pacer(0.060)
+    pacer.observe(8, 0, 0.040)
+    for _ in range(40):
+        pacer.observe(8, 10, 0.050)  # 10 tokens added 10 ms
+    assert pacer.per_token_s(8) == pytest.approx(0.001, rel=0.01)
+    assert pacer.budget(8) == pytest.approx(20, abs=1)
+
+
+def test_the_budget_is_capped_and_never_below_one() -> None:
+    pacer = Pacer(10.0, most=128)
+    pacer.observe(4, 0, 0.040)
+    assert pacer.budget(4) == 128
+    slow = Pacer(0.010)
+    slow.observe(4, 0, 0.040)  # a plain round already takes longer than the target
+    assert slow.budget(4) == 1
+
+
+def test_a_fast_round_does_not_make_the_next_chunk_unbounded() -> None:
+    pacer = Pacer(0.060)
+    pacer.observe(8, 0, 0.040)
+    for _ in range(100):
+        pacer.observe(8, 4, 0.030)  # faster than a plain round: noise
+    # The floor: a twentieth of a decoding row's 5 ms, so 20 ms of room holds 80 tokens.
+    assert pacer.per_token_s(8) == pytest.approx(FLOOR * 0.040 / 8)
+    assert pacer.budget(8) == 80
+
+
+def test_an_unseen_row_count_uses_the_nearest_measured() -> None:
+    pacer = Pacer(0.060)
+    pacer.observe(2, 0, 0.020)
+    pacer.observe(8, 0, 0.040)
+    # 7 rows: 8's plain round (40 ms), a token priced as one of 7 rows (5.7 ms): 20 ms of room.
+    assert pacer.budget(7) == 3
+    assert pacer.budget(1) == 2  # 2's round (20 ms), 20 ms a token: 40 ms of room
+    pacer.observe(0, 0, 5.0)  # nothing decoded: says nothing about gaps
+    assert pacer.budget(1) == 2
+
+
+def test_on_a_noisy_machine_rounds_settle_within_the_target() -> None:
+    """Rounds cost 40 ms + 3 ms a prompt token, ±10 % noise: after a few rounds the chunks sit
+    where the target leaves room for ((60 - 40) / 3 ≈ 6 tokens) and the rounds within it."""
+    rng = random.Random(0)
+    pacer = Pacer(0.060, most=128)
+
+    def round_s(tokens: int) -> float:
+        return (0.040 + 0.003 * tokens) * rng.uniform(0.9, 1.1)
+
+    for _ in range(8):  # plain decode rounds before the prompt arrives
+        pacer.observe(8, 0, round_s(0))
+    times, chunks = [], []
+    for _ in range(200):
+        chunk = pacer.budget(8)
+        took = round_s(chunk)
+        pacer.observe(8, chunk, took)
+        times.append(took)
+        chunks.append(chunk)
+    settled = sorted(times[20:])
+    assert settled[int(0.5 * len(settled))] <= 0.060
+    assert settled[int(0.99 * len(settled))] <= 0.060 * 1.15
+    assert 4 <= sorted(chunks[20:])[len(chunks[20:]) // 2] <= 7
+
+
+def test_a_target_must_be_positive(tiny_dir: Path) -> None:
+    from reef.engines.embedded import EmbeddedEngine
+
+    with pytest.raises(ValueError):
+        Pacer(0)
+    with pytest.raises(ConfigError, match="itl_target_ms"):
+        EmbeddedEngine(tiny_dir, "tiny", itl_target_ms=-1)
+
+
+def test_paced_reading_gives_what_fixed_chunks_give(tiny_dir: Path) -> None:
+    """A target no round can meet reads one prompt token a round while a row decodes (the
+    long prompt's ~600 tokens take a pass each while the running row decodes its 200); a target
+    every round meets reads chunks of prefill_chunk_tokens, as many passes as fixed chunks. Either way the tokens and
+    log-probs are those of a prompt read in fixed chunks."""
+    fixed, fixed_stats = answers(tiny_dir, 16)
+    tight, tight_stats = answers(tiny_dir, 16, itl_target_ms=0.001)
+    loose, loose_stats = answers(tiny_dir, 16, itl_target_ms=1e6)
+    assert tight_stats.prefills > fixed_stats.prefills + 100, (tight_stats, fixed_stats)
+    assert loose_stats.prefills <= fixed_stats.prefills + 3, (loose_stats, fixed_stats)
+    for stats in (tight_stats, loose_stats):
+        assert stats.prompt_tokens == fixed_stats.prompt_tokens
+        assert stats.failed == 0 and stats.active == 0
+    for paced in (tight, loose):
+        for a, b in zip(fixed, paced, strict=True):
+            assert a.completion_token_ids == b.completion_token_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
