@@ -26,8 +26,11 @@ skips that):
 - `--long-prompt N`: eight requests decoding when a prompt of N tokens arrives (after the first
   has streamed a few tokens), on engines reading prompts whole (`prefill_chunk_tokens` 0) and in
   chunks (`--chunks`, default the engine's), each fused with the decode steps and in separate
-  passes (`--fuse on,off`): inter-token latency p50 / p99 / max of the eight
-  running requests with and without the long prompt, and the long prompt's time to first token.
+  passes (`--fuse on,off`), and paced to inter-token latency targets (`--itl-targets`,
+  `engine.itl_target_ms`: chunks sized from measured round times): inter-token latency p50 /
+  p99 / max of the eight running requests with and without the long prompt, the long prompt's
+  time to first token, and (`--traffic N`) ordinary traffic on the same engine: N streamed
+  requests with 8 in flight, short prompts arriving while others decode (tokens/s, TTFT).
 - `--shared-prefix N`: the n requests open with one system prompt of N tokens, at 1 and 8 in
   flight, with the prefix cache off and on (`engine.prefix_cache_mb`): tokens/s, time to first
   token, and whether the greedy ids agree.
@@ -51,6 +54,7 @@ import itertools
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -254,7 +258,13 @@ async def streamed_pass(
 
 
 async def bench_hf_and_reef(
-    model_dir: Path, spec: str, n: int, levels: list[int], max_tokens: int, dtype: str = "float32"
+    model_dir: Path,
+    spec: str,
+    n: int,
+    levels: list[int],
+    max_tokens: int,
+    dtype: str = "float32",
+    itl_target_ms: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """HF generate and Reef embedded, each pass next to its baseline (HF batch 1, Reef at 1,
     HF static batch, Reef at 4 and 8), so that a change in the machine's load between passes
@@ -264,7 +274,13 @@ async def bench_hf_and_reef(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    engine = EmbeddedEngine(model_dir, model_id(spec), max_batch_size=max(levels), dtype=dtype)
+    engine = EmbeddedEngine(
+        model_dir,
+        model_id(spec),
+        max_batch_size=max(levels),
+        dtype=dtype,
+        itl_target_ms=itl_target_ms,
+    )
     await engine.start()
     runs: list[dict[str, Any]] = []
     hf8: dict[str, Any] | None = None
@@ -341,9 +357,13 @@ async def long_prompt_pass(
 ) -> dict[str, Any]:
     """`rows` greedy streams at once; with `long`, a request with that prompt (max_tokens 1)
     is submitted once the first stream has `after` tokens. Gaps between the running streams'
-    tokens, and the long request's time to first token."""
+    tokens: over the whole pass, and from that moment on (`after_*`: the window a long prompt
+    can affect, without the streams' own start, whose prompts are read while the first of them
+    decode; without `long` the same stage of the same streams), and the long request's time to
+    first token."""
     arrivals: list[list[float]] = [[] for _ in range(rows)]
     go = asyncio.Event()
+    went: list[float] = []
 
     async def row(i: int) -> None:
         body = {"messages": messages(i), "temperature": 0, "max_tokens": max_tokens}
@@ -352,7 +372,8 @@ async def long_prompt_pass(
                 (c.get("delta") or {}).get("content") for c in item.get("choices", ())
             ):
                 arrivals[i].append(time.monotonic())
-                if len(arrivals[i]) >= after:
+                if len(arrivals[i]) >= after and not go.is_set():
+                    went.append(time.monotonic())
                     go.set()
 
     async def late() -> float:
@@ -368,6 +389,7 @@ async def long_prompt_pass(
         waits.append(late())
     done = await asyncio.gather(*waits)
     gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times)]
+    late_gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times) if b > went[0]]
     return {
         "long_prompt": long is not None,
         "wall_s": round(time.monotonic() - started, 2),
@@ -375,6 +397,10 @@ async def long_prompt_pass(
         "p50_itl_ms": pct(gaps, 50),
         "p99_itl_ms": pct(gaps, 99),
         "max_itl_ms": round(max(gaps, default=0) * 1000, 1),
+        "after_gaps": len(late_gaps),
+        "after_p50_itl_ms": pct(late_gaps, 50),
+        "after_p99_itl_ms": pct(late_gaps, 99),
+        "after_max_itl_ms": round(max(late_gaps, default=0) * 1000, 1),
         "long_ttft_ms": round(done[-1] * 1000, 1) if long is not None else None,
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
@@ -387,44 +413,59 @@ async def bench_long_prompt(
     chunks: list[int],
     max_tokens: int,
     fuse: list[bool],
+    targets: list[float | None],
+    traffic: int,
+    reps: int = 1,
 ) -> list[dict[str, Any]]:
-    """Per prompt-reading setting (chunk, and chunks fused with decode steps or not): the
-    running batch without, then with, the long prompt."""
+    """Per prompt-reading setting (chunk, fused with decode steps or not, inter-token latency
+    target or none): the running batch without, then with, the long prompt; then, with
+    `traffic`, that many ordinary requests at 8 in flight. With `reps`, the two passes
+    alternate that many times on the engine (a shared machine's speed drifts over minutes)."""
     from transformers import AutoTokenizer
 
     long = long_text(AutoTokenizer.from_pretrained(model_dir), tokens)
     runs = []
-    for chunk in chunks:
-        for fused in fuse:
-            engine = EmbeddedEngine(
-                model_dir,
-                model_id(spec),
-                max_batch_size=STATIC_BATCH + 1,
-                prefill_chunk_tokens=chunk,
-                fuse_prefill=fused,
-            )
-            await engine.start()
-            try:
-                await long_prompt_pass(engine, STATIC_BATCH, 8, None, 1)  # warm-up
-                for with_long in (False, True):
-                    what = f"with a {tokens}-token prompt" if with_long else "alone"
-                    how = "fused" if fused else "separate passes"
-                    print(f"[{spec}] prefill chunk {chunk}, {how}: 8 streams {what}", flush=True)
-                    before = engine.stats.fused
-                    run = await long_prompt_pass(
-                        engine, STATIC_BATCH, max_tokens, long if with_long else None, 8
-                    )
-                    runs.append(
-                        {
-                            "prefill_chunk_tokens": chunk,
-                            "fuse_prefill": fused,
-                            "fused_passes": engine.stats.fused - before,  # this pass's
-                            "prompt_tokens": tokens,
-                            **run,
-                        }
-                    )
-            finally:
-                await engine.aclose()
+    for chunk, fused, target in itertools.product(chunks, fuse, targets):
+        engine = EmbeddedEngine(
+            model_dir,
+            model_id(spec),
+            max_batch_size=STATIC_BATCH + 1,
+            prefill_chunk_tokens=chunk,
+            fuse_prefill=fused,
+            itl_target_ms=target,
+        )
+        setting = {"prefill_chunk_tokens": chunk, "fuse_prefill": fused, "itl_target_ms": target}
+        how = f"prefill chunk {chunk}, {'fused' if fused else 'separate passes'}" + (
+            f", paced to {target:g} ms" if target else ""
+        )
+        await engine.start()
+        try:
+            await long_prompt_pass(engine, STATIC_BATCH, 8, None, 1)  # warm-up
+            for i, with_long in itertools.product(range(reps), (False, True)):
+                what = f"with a {tokens}-token prompt" if with_long else "alone"
+                print(f"[{spec}] {how}: 8 streams {what} ({i + 1}/{reps})", flush=True)
+                before = engine.stats.fused
+                run = await long_prompt_pass(
+                    engine, STATIC_BATCH, max_tokens, long if with_long else None, 8
+                )
+                runs.append(
+                    {
+                        **setting,
+                        "rep": i,
+                        "fused_passes": engine.stats.fused - before,  # this pass's
+                        "prompt_tokens": tokens,
+                        **run,
+                    }
+                )
+            if traffic:
+                print(f"[{spec}] {how}: {traffic} requests, 8 in flight", flush=True)
+                run = await streamed_pass(
+                    engine.stream, "Reef embedded", traffic, STATIC_BATCH, max_tokens
+                )
+                del run["_ids"]
+                runs.append({**setting, "traffic": True, **run})
+        finally:
+            await engine.aclose()
     return runs
 
 
@@ -552,13 +593,24 @@ async def bench_precision(model_dir: Path, spec: str, max_tokens: int) -> dict[s
 
 
 async def bench_model(
-    spec: str, n: int, levels: list[int], max_tokens: int, vllm: bool, dtype: str = "float32"
+    spec: str,
+    n: int,
+    levels: list[int],
+    max_tokens: int,
+    vllm: bool,
+    dtype: str = "float32",
+    itl_target_ms: float | None = None,
 ) -> dict[str, Any]:
     model_dir = resolve_model(spec, CACHE)
-    hf1, hf8, reef = await bench_hf_and_reef(model_dir, spec, n, levels, max_tokens, dtype)
-    if dtype != "float32":
+    hf1, hf8, reef = await bench_hf_and_reef(
+        model_dir, spec, n, levels, max_tokens, dtype, itl_target_ms
+    )
+    settings = [dtype] if dtype != "float32" else []
+    if itl_target_ms:
+        settings.append(f"paced to {itl_target_ms:g} ms")
+    if settings:
         for r in reef:
-            r["engine"] = f"Reef embedded ({dtype})"
+            r["engine"] = f"Reef embedded ({', '.join(settings)})"
     served = []
     if vllm and VLLM_PYTHON.is_file():
         served = await bench_vllm(model_dir, spec, n, levels, max_tokens)
@@ -620,21 +672,70 @@ def report_throughput(result: dict[str, Any]) -> None:
             print(f"{m['model']}: greedy ids of {run} vs HF generate batch 1: {verdict}")
 
 
+def median(rows: list[dict[str, Any]], field: str) -> float:
+    return float(statistics.median(r[field] for r in rows))
+
+
 def report_experiments(result: dict[str, Any]) -> None:
     for spec, runs in result.get("long_prompt", {}).items():
-        print(f"\n{spec}: 8 running streams, ITL in ms (long prompt: time to first token)")
         print(
-            f"{'prefill chunk':>13} {'fused':>5} {'long prompt':>11} {'p50':>6} {'p99':>6} "
-            f"{'max':>6} {'ttft':>7}"
+            f"\n{spec}: 8 running streams, ITL in ms over the whole pass and from the long "
+            "prompt's arrival on (long prompt: time to first token)"
+        )
+        print(
+            f"{'prefill chunk':>13} {'fused':>5} {'target':>6} {'long prompt':>11} {'p50':>6} "
+            f"{'p99':>6} {'max':>6} {'after p50':>9} {'p99':>6} {'max':>6} {'ttft':>7}"
         )
         for r in runs:
+            if r.get("traffic"):
+                continue
             long = f"{r['prompt_tokens']} tok" if r["long_prompt"] else "none"
             ttft = f"{r['long_ttft_ms']:>7.0f}" if r["long_ttft_ms"] is not None else ""
             fused = "yes" if r.get("fuse_prefill") else "no"
+            target = f"{r['itl_target_ms']:g}" if r.get("itl_target_ms") else "-"
             print(
-                f"{r['prefill_chunk_tokens']:>13} {fused:>5} {long:>11} {r['p50_itl_ms']:>6.0f} "
-                f"{r['p99_itl_ms']:>6.0f} {r['max_itl_ms']:>6.0f} {ttft}"
+                f"{r['prefill_chunk_tokens']:>13} {fused:>5} {target:>6} {long:>11} "
+                f"{r['p50_itl_ms']:>6.0f} {r['p99_itl_ms']:>6.0f} {r['max_itl_ms']:>6.0f} "
+                f"{r['after_p50_itl_ms']:>9.0f} {r['after_p99_itl_ms']:>6.0f} "
+                f"{r['after_max_itl_ms']:>6.0f} {ttft}"
             )
+        print(f"\n{spec}: from the long prompt's arrival on, median over repetitions (ms)")
+        print(
+            f"{'prefill chunk':>13} {'fused':>5} {'target':>6} {'reps':>4} {'p50 alone':>9} "
+            f"{'with':>6} {'p99 alone':>9} {'with':>6} {'growth':>6} {'ttft':>7}"
+        )
+        for key, group in itertools.groupby(
+            [r for r in runs if not r.get("traffic")],
+            key=lambda r: (r["prefill_chunk_tokens"], r["fuse_prefill"], r["itl_target_ms"]),
+        ):
+            passes = list(group)
+            alone = [r for r in passes if not r["long_prompt"]]
+            with_long = [r for r in passes if r["long_prompt"]]
+
+            chunk, fused, target = key
+            a99, w99 = median(alone, "after_p99_itl_ms"), median(with_long, "after_p99_itl_ms")
+            print(
+                f"{chunk:>13} {'yes' if fused else 'no':>5} "
+                f"{f'{target:g}' if target else '-':>6} {len(alone):>4} "
+                f"{median(alone, 'after_p50_itl_ms'):>9.0f} "
+                f"{median(with_long, 'after_p50_itl_ms'):>6.0f} {a99:>9.0f} {w99:>6.0f} "
+                f"{w99 / a99:>6.2f} {median(with_long, 'long_ttft_ms'):>7.0f}"
+            )
+        traffic = [r for r in runs if r.get("traffic")]
+        if traffic:
+            print(f"\n{spec}: ordinary traffic, 8 in flight, on the same engines")
+            print(
+                f"{'prefill chunk':>13} {'fused':>5} {'target':>6} {'tok/s':>7} "
+                f"{'ttft p50':>8} {'p99':>6} {'itl p50':>7} {'p99':>6}"
+            )
+            for r in traffic:
+                fused = "yes" if r.get("fuse_prefill") else "no"
+                target = f"{r['itl_target_ms']:g}" if r.get("itl_target_ms") else "-"
+                print(
+                    f"{r['prefill_chunk_tokens']:>13} {fused:>5} {target:>6} "
+                    f"{r['tokens_per_s']:>7.1f} {r['p50_ttft_ms']:>8.0f} {r['p99_ttft_ms']:>6.0f} "
+                    f"{r['p50_itl_ms']:>7.0f} {r['p99_itl_ms']:>6.0f}"
+                )
     for spec, runs in result.get("shared_prefix", {}).items():
         print(f"\n{spec}: a shared system prompt, prefix cache off and on")
         print(
@@ -668,14 +769,31 @@ async def amain(args: argparse.Namespace) -> int:
     for spec in args.models.split(","):
         if args.throughput:
             result["models"].append(
-                await bench_model(spec, args.n, levels, args.max_tokens, args.vllm, args.dtype)
+                await bench_model(
+                    spec,
+                    args.n,
+                    levels,
+                    args.max_tokens,
+                    args.vllm,
+                    args.dtype,
+                    args.reef_itl_target,
+                )
             )
         model_dir = resolve_model(spec, CACHE)
         if args.long_prompt:
             chunks = [int(c) for c in args.chunks.split(",")]
             fuse = [{"on": True, "off": False}[f] for f in args.fuse.split(",")]
+            targets = [None if t == "none" else float(t) for t in args.itl_targets.split(",")]
             result.setdefault("long_prompt", {})[spec] = await bench_long_prompt(
-                model_dir, spec, args.long_prompt, chunks, args.max_tokens, fuse
+                model_dir,
+                spec,
+                args.long_prompt,
+                chunks,
+                args.max_tokens,
+                fuse,
+                targets,
+                args.traffic,
+                args.reps,
             )
         if args.shared_prefix:
             result.setdefault("shared_prefix", {})[spec] = await bench_shared_prefix(
@@ -711,6 +829,23 @@ def main(argv: list[str] | None = None) -> int:
         help="engine.fuse_prefill settings each chunk setting runs with: on, off or on,off",
     )
     p.add_argument(
+        "--itl-targets",
+        default="none",
+        help="engine.itl_target_ms settings (ms, or none) each chunk setting runs with",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=1,
+        help="with --long-prompt: alternate the passes without and with it this many times",
+    )
+    p.add_argument(
+        "--traffic",
+        type=int,
+        default=0,
+        help="with --long-prompt: also this many ordinary requests at 8 in flight per setting",
+    )
+    p.add_argument(
         "--shared-prefix", type=int, default=0, help="tokens of a system prompt all requests share"
     )
     p.add_argument("--precision", action="store_true", help="float32 against bfloat16")
@@ -719,6 +854,12 @@ def main(argv: list[str] | None = None) -> int:
         default="float32",
         choices=["float32", "bfloat16"],
         help="engine.dtype of Reef's engine in the comparison (HF generate stays float32)",
+    )
+    p.add_argument(
+        "--reef-itl-target",
+        type=float,
+        default=None,
+        help="engine.itl_target_ms of Reef's engine in the comparison (default: unset)",
     )
     p.add_argument(
         "--no-throughput",
