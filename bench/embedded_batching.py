@@ -676,6 +676,13 @@ def median(rows: list[dict[str, Any]], field: str) -> float:
     return float(statistics.median(r[field] for r in rows))
 
 
+def setting(run: dict[str, Any]) -> str:
+    """A long-prompt run's prompt-reading setting as table cells: chunk, fused, target."""
+    fused = "yes" if run.get("fuse_prefill") else "no"
+    target = f"{run['itl_target_ms']:g}" if run.get("itl_target_ms") else "-"
+    return f"{run['prefill_chunk_tokens']:>13} {fused:>5} {target:>6}"
+
+
 def report_experiments(result: dict[str, Any]) -> None:
     for spec, runs in result.get("long_prompt", {}).items():
         print(
@@ -691,10 +698,8 @@ def report_experiments(result: dict[str, Any]) -> None:
                 continue
             long = f"{r['prompt_tokens']} tok" if r["long_prompt"] else "none"
             ttft = f"{r['long_ttft_ms']:>7.0f}" if r["long_ttft_ms"] is not None else ""
-            fused = "yes" if r.get("fuse_prefill") else "no"
-            target = f"{r['itl_target_ms']:g}" if r.get("itl_target_ms") else "-"
             print(
-                f"{r['prefill_chunk_tokens']:>13} {fused:>5} {target:>6} {long:>11} "
+                f"{setting(r)} {long:>11} "
                 f"{r['p50_itl_ms']:>6.0f} {r['p99_itl_ms']:>6.0f} {r['max_itl_ms']:>6.0f} "
                 f"{r['after_p50_itl_ms']:>9.0f} {r['after_p99_itl_ms']:>6.0f} "
                 f"{r['after_max_itl_ms']:>6.0f} {ttft}"
@@ -704,19 +709,16 @@ def report_experiments(result: dict[str, Any]) -> None:
             f"{'prefill chunk':>13} {'fused':>5} {'target':>6} {'reps':>4} {'p50 alone':>9} "
             f"{'with':>6} {'p99 alone':>9} {'with':>6} {'growth':>6} {'ttft':>7}"
         )
-        for key, group in itertools.groupby(
+        for _, group in itertools.groupby(
             [r for r in runs if not r.get("traffic")],
             key=lambda r: (r["prefill_chunk_tokens"], r["fuse_prefill"], r["itl_target_ms"]),
         ):
             passes = list(group)
             alone = [r for r in passes if not r["long_prompt"]]
             with_long = [r for r in passes if r["long_prompt"]]
-
-            chunk, fused, target = key
             a99, w99 = median(alone, "after_p99_itl_ms"), median(with_long, "after_p99_itl_ms")
             print(
-                f"{chunk:>13} {'yes' if fused else 'no':>5} "
-                f"{f'{target:g}' if target else '-':>6} {len(alone):>4} "
+                f"{setting(passes[0])} {len(alone):>4} "
                 f"{median(alone, 'after_p50_itl_ms'):>9.0f} "
                 f"{median(with_long, 'after_p50_itl_ms'):>6.0f} {a99:>9.0f} {w99:>6.0f} "
                 f"{w99 / a99:>6.2f} {median(with_long, 'long_ttft_ms'):>7.0f}"
@@ -729,10 +731,8 @@ def report_experiments(result: dict[str, Any]) -> None:
                 f"{'ttft p50':>8} {'p99':>6} {'itl p50':>7} {'p99':>6}"
             )
             for r in traffic:
-                fused = "yes" if r.get("fuse_prefill") else "no"
-                target = f"{r['itl_target_ms']:g}" if r.get("itl_target_ms") else "-"
                 print(
-                    f"{r['prefill_chunk_tokens']:>13} {fused:>5} {target:>6} "
+                    f"{setting(r)} "
                     f"{r['tokens_per_s']:>7.1f} {r['p50_ttft_ms']:>8.0f} {r['p99_ttft_ms']:>6.0f} "
                     f"{r['p50_itl_ms']:>7.0f} {r['p99_itl_ms']:>6.0f}"
                 )
