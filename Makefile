@@ -59,11 +59,13 @@ run: venv smollm2
 # a served app or a Prefect server start once per file, not once per test).
 TEST_WORKERS ?= auto
 test: venv
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # End-to-end learning loops on the tiny model: the evolve flow or worker trains and deploys.
+# A file per worker, as in `test`: much of a loop test is waiting on servers and subprocesses
+# (2 cores: 12 min 28 s against 16 min 25 s one after another).
 test-loop: venv
-	$(BIN)/pytest -m loop $(PYTEST_ARGS)
+	$(BIN)/pytest -m loop -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Scale-out proof: 3 reef serve replicas on one Postgres, moto S3, MLflow and Prefect servers and
 # a pool worker, all separate processes (tests/scale; 3-4 min on 2 cores, docs/scale.md).
