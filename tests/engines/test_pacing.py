@@ -99,9 +99,9 @@ def test_a_target_must_be_positive(tiny_dir: Path) -> None:
 
 def test_paced_reading_gives_what_fixed_chunks_give(tiny_dir: Path) -> None:
     """A target no round can meet reads one prompt token a round while a row decodes (the
-    long prompt's ~600 tokens take a pass each while the running row decodes its 200); a target
-    every round meets reads chunks of prefill_chunk_tokens, as many passes as fixed chunks. Either way the tokens and
-    log-probs are those of a prompt read in fixed chunks."""
+    long prompt's ~600 tokens take a pass each while the running row decodes its 200); a
+    target every round meets reads chunks of prefill_chunk_tokens, as many passes as fixed
+    chunks. Either way the tokens and log-probs are those of a prompt read in fixed chunks."""
     fixed, fixed_stats = answers(tiny_dir, 16)
     tight, tight_stats = answers(tiny_dir, 16, itl_target_ms=0.001)
     loose, loose_stats = answers(tiny_dir, 16, itl_target_ms=1e6)
