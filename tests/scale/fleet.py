@@ -258,7 +258,12 @@ class LoadGenerator:
 
 class MLflowServer:
     """`mlflow server` on a SQLite file, on loopback (artifacts go where each experiment's
-    location says: Reef creates its experiments on the artifact store, S3 here)."""
+    location says: Reef creates its experiments on the artifact store, S3 here).
+
+    Without its job runner, as deploy/compose runs it: Reef submits no MLflow jobs, and the
+    runner is seven more `huey_consumer` processes, each importing mlflow, starting at once with
+    the server. On 2 cores, beside three replicas and a Prefect deploy starting too, that kept
+    the server from answering within 180 s in a CI run."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -271,17 +276,22 @@ class MLflowServer:
         log = (self.root / "mlflow.log").open("wb")
         args = ["server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}"]
         args += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.proc = subprocess.Popen(
-            [MLFLOW, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [MLFLOW, *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         proc = self.proc
 
-        def gone() -> str | None:
-            if proc.poll() is None:
-                return None
-            return f"mlflow server exited:\n{(self.root / 'mlflow.log').read_text()[-3000:]}"
+        def tail() -> str:
+            return (self.root / "mlflow.log").read_text(errors="replace")[-3000:]
 
-        wait_ready(f"{self.url}/health", 180, gone)
+        def gone() -> str | None:
+            return None if proc.poll() is None else f"mlflow server exited:\n{tail()}"
+
+        try:
+            wait_ready(f"{self.url}/health", 180, gone)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; its log:\n{tail()}") from None
         return self
 
     def __exit__(self, *exc: object) -> None:
