@@ -26,7 +26,9 @@ second token for its whole length: from then on it is read in chunks too). Where
 allows (`reef.engines.fused`), a chunk goes through the model in the same forward pass as the
 decode step of the rows it will join, so a round reads the weights once. With an inter-token
 latency target the chunk is sized from measured round times instead, so that a round that reads
-one stays within the target (`reef.engines.pacing`).
+one stays within the target (`reef.engines.pacing`); a prompt that fits one chunk is still read
+at once, ahead of the long ones being paced, so that ordinary requests arriving as others finish
+are not held up for a long prompt's sake.
 Prompts that open with tokens read before (a scenario's system prompt and harness text) start
 from the keys and values the prefix cache kept of them (`reef.engines.prefixes`).
 
@@ -192,6 +194,7 @@ class _Reading:
         self.prefill = Prefill(
             [r.prompt_ids[skip:] for r in rows], pad_id, hit.layers if hit is not None else None
         )
+        self.tokens = len(rows) * self.prefill.remaining  # to read in all, padding included
 
 
 class Scheduler:
@@ -222,7 +225,8 @@ class Scheduler:
         `fused.supported` accepts).
         `itl_target_s`: while rows decode, read as many prompt tokens a round (at most
         `prefill_chunk_tokens` when that is set) as keep the round within this many seconds,
-        by the measured cost of earlier rounds (`reef.engines.pacing`); None: always
+        by the measured cost of earlier rounds (`reef.engines.pacing`), of the prompts longer
+        than `prefill_chunk_tokens`: the others are read at once, first; None: always
         `prefill_chunk_tokens`."""
         # ---- fixed before the thread starts
         self.model_id = model_id
@@ -312,6 +316,8 @@ class Scheduler:
                 try:
                     started = time.perf_counter()
                     self._round_rows = self._round_tokens = 0
+                    # Only a round that began with rows decoding read its prompts among them.
+                    paced = self._pacer is not None and self._decoding()
                     for group in self._groups.values():
                         self._drop_cancelled(group)
                     self._plan(self._admit())
@@ -322,7 +328,8 @@ class Scheduler:
                         if group.rows and group not in stepped:
                             self._decode(group)
                     self._groups = {w: g for w, g in self._groups.items() if g.rows}
-                    if self._pacer is not None:
+                    if paced:
+                        assert self._pacer is not None
                         self._pacer.observe(
                             self._round_rows, self._round_tokens, time.perf_counter() - started
                         )
@@ -435,13 +442,19 @@ class Scheduler:
             if budget is None and progressed:
                 # Prompts read whole joined the batch: the rest must not stall their rows.
                 budget = self._budget()
-            unit = self._reading[0]
+            unit = self._next_unit()
             if all(r.cancelled for r in unit.rows):
                 for r in unit.rows:
                     self._drop(r)
-                self._reading.popleft()
+                self._reading.remove(unit)
                 continue
             columns = unit.prefill.remaining
+            if self._one_chunk(unit):
+                # Paced, a prompt that fits one chunk is read at once, as without a pacer,
+                # and outside the round's budget: that is for the longer ones.
+                progressed = True
+                self._read(unit, columns, stepped)
+                continue
             if budget is not None:
                 columns = min(columns, budget // len(unit.prefill))
                 if columns < 1:
@@ -453,6 +466,16 @@ class Scheduler:
             if not self._read(unit, columns, stepped):
                 return stepped  # the budget is spent: this unit goes on next round
         return stepped
+
+    def _one_chunk(self, unit: _Reading) -> bool:
+        """Whether `unit`, being paced, is read at once: it fits one chunk (all of it, not
+        just what is left of it, so that a long prompt's last chunk is paced too)."""
+        return self._pacer is not None and unit.tokens <= self.prefill_chunk_tokens
+
+    def _next_unit(self) -> _Reading:
+        """The unit to read next: the oldest, except that while pacing, prompts that fit one
+        chunk go first (one round each) rather than wait out a long prompt's many paced ones."""
+        return next((u for u in self._reading if self._one_chunk(u)), self._reading[0])
 
     def _read(self, unit: _Reading, columns: int, stepped: set[_Group]) -> bool:
         """One prefill pass over the next `columns` columns of `unit` — fused with the decode

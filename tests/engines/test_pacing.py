@@ -3,6 +3,7 @@ its own, and the embedded engine reading a long prompt paced by it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 
 from reef.engines.pacing import FLOOR, Pacer
 from reef.errors import ConfigError
-from tests.engines.test_chunked_prefill import answers
+from tests.engines.conftest import running_engine
+from tests.engines.test_chunked_prefill import LONG, answers, body
 
 
 def test_nothing_measured_reads_one_token() -> None:
@@ -114,3 +116,35 @@ def test_paced_reading_gives_what_fixed_chunks_give(tiny_dir: Path) -> None:
         for a, b in zip(fixed, paced, strict=True):
             assert a.completion_token_ids == b.completion_token_ids
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_a_prompt_that_fits_one_chunk_is_not_paced_behind_a_long_one(tiny_dir: Path) -> None:
+    """Paced to a target no round can meet, a long prompt is read a token a round while a row
+    decodes; a question arriving behind it fits one chunk, so it is read at once, ahead of the
+    long one's rest, and answered while the long one is still being read."""
+    with running_engine(
+        tiny_dir, max_batch_size=8, prefill_chunk_tokens=64, prefix_cache_mb=0, itl_target_ms=0.001
+    ) as engine:
+
+        async def scenario() -> tuple[int, int]:
+            running = asyncio.create_task(engine.complete(body("hi", max_tokens=200)))
+            while not engine.stats.tokens_generated:
+                await asyncio.sleep(0.001)
+            long = asyncio.create_task(engine.complete(body(LONG, max_tokens=2)))
+            while engine.stats.prefills < 5:  # the long prompt's first tokens, one a round
+                await asyncio.sleep(0.001)
+            before = engine.stats.prefills
+            short = await engine.complete(body("What is the capital of France?", max_tokens=3))
+            passes = engine.stats.prefills - before
+            assert not long.done()
+            assert len(short.completion_token_ids or []) == 3
+            await long, await running
+            return passes, engine.stats.prefills
+
+        passes, total = asyncio.run(scenario())
+        # The question: one pass; the long prompt: a token in each of the few rounds its three
+        # tokens took, and a pass a round in all while the running row decoded its 200 (the
+        # rest whole once nothing decoded).
+        assert passes <= 8, passes
+        assert total >= 190, total
+        assert engine.stats.failed == 0
