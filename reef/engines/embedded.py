@@ -41,7 +41,7 @@ from reef.engines.base import VERIFY_MESSAGES, VERIFY_TOKENS, Completion
 from reef.engines.batch import Batch
 from reef.engines.defaults import generation_defaults, sampling_record, with_defaults
 from reef.engines.detokenize import Detokenizer, TokenText
-from reef.engines.packed import pack_linears
+from reef.engines.packed import Products, calibrate, pack_linears
 from reef.engines.prompt import ChatRenderer
 from reef.engines.response import ResponseBuilder, TokenEvent
 from reef.engines.sampling import SamplingParams
@@ -108,9 +108,10 @@ class EmbeddedEngine:
         2-3x faster products, a second copy of the weights). `fuse_prefill`: a chunk read while
         rows decode shares their decode step's forward pass (`reef.engines.fused`), where the
         model passes `fused.supported`. `itl_target_ms`: while rows decode, each round reads as
-        much of a prompt as keeps it within this many milliseconds by measured round times
-        (`reef.engines.pacing`; at most `prefill_chunk_tokens` when that is set); None: chunks
-        of `prefill_chunk_tokens`."""
+        much of a prompt longer than `prefill_chunk_tokens` as keeps it within this many
+        milliseconds by measured round times (`reef.engines.pacing`; at most
+        `prefill_chunk_tokens` when that is set); shorter prompts are read at once, first.
+        None: chunks of `prefill_chunk_tokens`."""
         if max_batch_size < 1 or default_max_tokens < 1:
             raise ConfigError("max_batch_size and default_max_tokens must be at least 1")
         if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
@@ -127,6 +128,7 @@ class EmbeddedEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefix_cache_mb = prefix_cache_mb
         self.packed_linear = packed_linear
+        self._products = Products()  # which product packed layers use, by rows (calibrated)
         self.fuse_prefill = fuse_prefill
         self.itl_target_ms = itl_target_ms
         self.dtype = DTYPES[dtype]
@@ -328,7 +330,7 @@ class EmbeddedEngine:
         if not tokenizer.chat_template:
             raise ConfigError(f"model {self.model_dir} has no chat template")
         model.eval()
-        packed = pack_linears(model) if self.packed_linear else 0
+        packed = pack_linears(model, self._products) if self.packed_linear else 0
         config = model.config
         # The batch keeps one plain KV cache per layer; sliding-window or linear-attention
         # layers would need their own bookkeeping when rows join and leave.
@@ -347,6 +349,14 @@ class EmbeddedEngine:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 2048)
         with torch.inference_mode():  # warm-up: the first request should not pay for allocation
             Batch.prefill(model, [[self._pad_id]], self._pad_id)
+        if packed:
+            ratios = calibrate(model, self._products, self._pad_id)
+            log.info(
+                "embedded engine: packed over plain products, one-token passes by rows: %s; "
+                "calls of up to %d rows take the plain product",
+                ", ".join(f"{rows}: {ratio:.2f}x" for rows, ratio in ratios.items()),
+                self._products.plain_up_to,
+            )
         fuse = self.fuse_prefill and fused.supported(model, self._pad_id)
         self._linear_shapes = {
             name: (m.in_features, m.out_features)
@@ -398,7 +408,7 @@ class EmbeddedEngine:
                 path, dtype=self.dtype, attn_implementation="sdpa"
             ).eval()
             if self.packed_linear:
-                pack_linears(model)
+                pack_linears(model, self._products)  # as calibrated on the base model
             with torch.inference_mode():  # warm-up, as for the base model
                 Batch.prefill(model, [[self._pad_id]], self._pad_id)
         except Exception as exc:

@@ -16,6 +16,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from reef.engines.base import Completion
+from reef.engines.packed import CALIBRATION_ROWS, Products, calibrate, pack_linears
 from reef.errors import ConfigError
 from reef.settings import EngineSettings
 from tests.engines.conftest import running_engine
@@ -113,3 +114,36 @@ def test_packed_linear_layers_compute_what_plain_ones_do(tiny_dir: Path) -> None
     for a, b in zip(answers(False), answers(True), strict=True):
         assert a.completion_token_ids == b.completion_token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_calls_of_few_rows_take_the_plain_product_where_it_was_faster(tiny_dir: Path) -> None:
+    """Calls of up to `plain_up_to` rows compute exactly what nn.Linear does; larger ones go
+    through the packed weight (equal to float32 rounding); `calibrate` picks `plain_up_to` from
+    timed passes of the model: a prefix of the row counts it tried."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    layer = model.lm_head
+    plain_layer = torch.nn.Linear(layer.in_features, layer.out_features, bias=False)
+    plain_layer.weight = layer.weight
+    products = Products(plain_up_to=2)
+    assert pack_linears(model, products) > 0
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 8):
+            x = torch.randn(rows, layer.in_features)
+            got, want = layer(x), plain_layer(x)
+            if rows <= 2:
+                assert torch.equal(got, want)
+            else:
+                assert torch.allclose(got, want, atol=1e-5)
+                products.plain_up_to = 0
+                assert torch.equal(layer(x), got)  # the packed product, whatever the setting
+                products.plain_up_to = 2
+        x = torch.randn(1, 2, layer.in_features)  # rows are every token of the call
+        assert torch.equal(layer(x), plain_layer(x))
+    ratios = calibrate(model, products, token_id=0)
+    assert set(ratios) == set(CALIBRATION_ROWS) and all(r > 0 for r in ratios.values())
+    tried = [0, *CALIBRATION_ROWS]
+    assert products.plain_up_to in tried
+    faster_plain = [rows for rows in CALIBRATION_ROWS if rows <= products.plain_up_to]
+    assert all(ratios[rows] > 1.0 for rows in faster_plain)
+    nxt = tried[tried.index(products.plain_up_to) + 1 :]
+    assert not nxt or ratios[nxt[0]] <= 1.0
