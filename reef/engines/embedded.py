@@ -105,7 +105,8 @@ class EmbeddedEngine:
         bfloat16 model's). `prefix_cache_mb`: memory for the keys and values of prompts read
         before, reused by prompts that open with the same tokens (0: none). `packed_linear`:
         the Linear layers run through oneDNN with packed weights (`reef.engines.packed`:
-        2-3x faster products, a second copy of the weights). `fuse_prefill`: a chunk read while
+        2-3x faster products on some machines, a second copy of the weights), except calls of
+        as few rows as a timing at load found faster plain. `fuse_prefill`: a chunk read while
         rows decode shares their decode step's forward pass (`reef.engines.fused`), where the
         model passes `fused.supported`. `itl_target_ms`: while rows decode, each round reads as
         much of a prompt longer than `prefill_chunk_tokens` as keeps it within this many
