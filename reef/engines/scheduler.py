@@ -194,7 +194,6 @@ class _Reading:
         self.prefill = Prefill(
             [r.prompt_ids[skip:] for r in rows], pad_id, hit.layers if hit is not None else None
         )
-        self.tokens = len(rows) * self.prefill.remaining  # to read in all, padding included
 
 
 class Scheduler:
@@ -317,7 +316,7 @@ class Scheduler:
                     started = time.perf_counter()
                     self._round_rows = self._round_tokens = 0
                     # Only a round that began with rows decoding read its prompts among them.
-                    paced = self._pacer is not None and self._decoding()
+                    pacer = self._pacer if self._decoding() else None
                     for group in self._groups.values():
                         self._drop_cancelled(group)
                     self._plan(self._admit())
@@ -328,9 +327,8 @@ class Scheduler:
                         if group.rows and group not in stepped:
                             self._decode(group)
                     self._groups = {w: g for w, g in self._groups.items() if g.rows}
-                    if paced:
-                        assert self._pacer is not None
-                        self._pacer.observe(
+                    if pacer is not None:
+                        pacer.observe(
                             self._round_rows, self._round_tokens, time.perf_counter() - started
                         )
                 except Exception as exc:  # a bug of ours, not the model's: keep serving
@@ -470,7 +468,8 @@ class Scheduler:
     def _one_chunk(self, unit: _Reading) -> bool:
         """Whether `unit`, being paced, is read at once: it fits one chunk (all of it, not
         just what is left of it, so that a long prompt's last chunk is paced too)."""
-        return self._pacer is not None and unit.tokens <= self.prefill_chunk_tokens
+        # The mask covers every column of every row: all the unit reads, padding included.
+        return self._pacer is not None and unit.prefill.mask.numel() <= self.prefill_chunk_tokens
 
     def _next_unit(self) -> _Reading:
         """The unit to read next: the oldest, except that while pacing, prompts that fit one
