@@ -26,8 +26,9 @@ skips that):
 - `--long-prompt N`: eight requests decoding when a prompt of N tokens arrives (after the first
   has streamed a few tokens), on engines reading prompts whole (`prefill_chunk_tokens` 0) and in
   chunks (`--chunks`, default the engine's), each fused with the decode steps and in separate
-  passes (`--fuse on,off`), and paced to inter-token latency targets (`--itl-targets`,
-  `engine.itl_target_ms`: chunks sized from measured round times): inter-token latency p50 /
+  passes (`--fuse on,off`), and paced to inter-token latency targets (`--itl-targets`:
+  milliseconds, `engine.itl_target_ms`, or a headroom over a plain round such as 15%,
+  `engine.itl_headroom`; chunks sized from measured round times): inter-token latency p50 /
   p99 / max of the eight running requests with and without the long prompt, the long prompt's
   time to first token, and (`--traffic N`) ordinary traffic on the same engine: N streamed
   requests with 8 in flight, short prompts arriving while others decode (tokens/s, TTFT).
@@ -264,7 +265,7 @@ async def bench_hf_and_reef(
     levels: list[int],
     max_tokens: int,
     dtype: str = "float32",
-    itl_target_ms: float | None = None,
+    pace: dict[str, float] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """HF generate and Reef embedded, each pass next to its baseline (HF batch 1, Reef at 1,
     HF static batch, Reef at 4 and 8), so that a change in the machine's load between passes
@@ -279,7 +280,8 @@ async def bench_hf_and_reef(
         model_id(spec),
         max_batch_size=max(levels),
         dtype=dtype,
-        itl_target_ms=itl_target_ms,
+        itl_target_ms=(pace or {}).get("itl_target_ms"),
+        itl_headroom=(pace or {}).get("itl_headroom"),
     )
     await engine.start()
     runs: list[dict[str, Any]] = []
@@ -413,7 +415,7 @@ async def bench_long_prompt(
     chunks: list[int],
     max_tokens: int,
     fuse: list[bool],
-    targets: list[float | None],
+    targets: list[dict[str, float]],
     traffic: int,
     reps: int = 1,
 ) -> list[dict[str, Any]]:
@@ -432,11 +434,12 @@ async def bench_long_prompt(
             max_batch_size=STATIC_BATCH + 1,
             prefill_chunk_tokens=chunk,
             fuse_prefill=fused,
-            itl_target_ms=target,
+            itl_target_ms=target.get("itl_target_ms"),
+            itl_headroom=target.get("itl_headroom"),
         )
-        setting = {"prefill_chunk_tokens": chunk, "fuse_prefill": fused, "itl_target_ms": target}
+        setting = {"prefill_chunk_tokens": chunk, "fuse_prefill": fused, **UNPACED, **target}
         how = f"prefill chunk {chunk}, {'fused' if fused else 'separate passes'}" + (
-            f", paced to {target:g} ms" if target else ""
+            f", paced to {pacing_label(target)}" if target else ""
         )
         await engine.start()
         try:
@@ -599,15 +602,13 @@ async def bench_model(
     max_tokens: int,
     vllm: bool,
     dtype: str = "float32",
-    itl_target_ms: float | None = None,
+    pace: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     model_dir = resolve_model(spec, CACHE)
-    hf1, hf8, reef = await bench_hf_and_reef(
-        model_dir, spec, n, levels, max_tokens, dtype, itl_target_ms
-    )
+    hf1, hf8, reef = await bench_hf_and_reef(model_dir, spec, n, levels, max_tokens, dtype, pace)
     settings = [dtype] if dtype != "float32" else []
-    if itl_target_ms:
-        settings.append(f"paced to {itl_target_ms:g} ms")
+    if pace:
+        settings.append(f"paced to {pacing_label(pace)}")
     if settings:
         for r in reef:
             r["engine"] = f"Reef embedded ({', '.join(settings)})"
@@ -672,6 +673,28 @@ def report_throughput(result: dict[str, Any]) -> None:
             print(f"{m['model']}: greedy ids of {run} vs HF generate batch 1: {verdict}")
 
 
+UNPACED = {"itl_target_ms": None, "itl_headroom": None}
+
+
+def pacing(spec: str) -> dict[str, float]:
+    """A pacing setting as engine keywords: none, a target in ms (150) or a headroom (15%)."""
+    if spec == "none":
+        return {}
+    if spec.endswith("%"):
+        return {"itl_headroom": float(spec[:-1]) / 100}
+    return {"itl_target_ms": float(spec)}
+
+
+def pacing_label(setting: dict[str, Any]) -> str:
+    """A pacing setting as a table cell: the target in ms, the headroom as +15%, or -."""
+    parts = []
+    if setting.get("itl_target_ms"):
+        parts.append(f"{setting['itl_target_ms']:g}")
+    if setting.get("itl_headroom"):
+        parts.append(f"+{setting['itl_headroom']:.0%}")
+    return "/".join(parts) or "-"
+
+
 def median(rows: list[dict[str, Any]], field: str) -> float:
     return float(statistics.median(r[field] for r in rows))
 
@@ -679,7 +702,7 @@ def median(rows: list[dict[str, Any]], field: str) -> float:
 def setting(run: dict[str, Any]) -> str:
     """A long-prompt run's prompt-reading setting as table cells: chunk, fused, target."""
     fused = "yes" if run.get("fuse_prefill") else "no"
-    target = f"{run['itl_target_ms']:g}" if run.get("itl_target_ms") else "-"
+    target = pacing_label(run)
     return f"{run['prefill_chunk_tokens']:>13} {fused:>5} {target:>6}"
 
 
@@ -711,7 +734,7 @@ def report_experiments(result: dict[str, Any]) -> None:
         )
         for _, group in itertools.groupby(
             [r for r in runs if not r.get("traffic")],
-            key=lambda r: (r["prefill_chunk_tokens"], r["fuse_prefill"], r["itl_target_ms"]),
+            key=lambda r: (r["prefill_chunk_tokens"], r["fuse_prefill"], pacing_label(r)),
         ):
             passes = list(group)
             alone = [r for r in passes if not r["long_prompt"]]
@@ -776,14 +799,14 @@ async def amain(args: argparse.Namespace) -> int:
                     args.max_tokens,
                     args.vllm,
                     args.dtype,
-                    args.reef_itl_target,
+                    pacing(args.reef_itl_target),
                 )
             )
         model_dir = resolve_model(spec, CACHE)
         if args.long_prompt:
             chunks = [int(c) for c in args.chunks.split(",")]
             fuse = [{"on": True, "off": False}[f] for f in args.fuse.split(",")]
-            targets = [None if t == "none" else float(t) for t in args.itl_targets.split(",")]
+            targets = [pacing(t) for t in args.itl_targets.split(",")]
             result.setdefault("long_prompt", {})[spec] = await bench_long_prompt(
                 model_dir,
                 spec,
@@ -831,7 +854,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--itl-targets",
         default="none",
-        help="engine.itl_target_ms settings (ms, or none) each chunk setting runs with",
+        help="pacing settings each chunk setting runs with: none, a target in ms "
+        "(engine.itl_target_ms) or a headroom over a plain round such as 15%% "
+        "(engine.itl_headroom)",
     )
     p.add_argument(
         "--reps",
@@ -857,9 +882,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--reef-itl-target",
-        type=float,
-        default=None,
-        help="engine.itl_target_ms of Reef's engine in the comparison (default: unset)",
+        default="none",
+        help="pacing of Reef's engine in the comparison, as in --itl-targets (default: none)",
     )
     p.add_argument(
         "--no-throughput",

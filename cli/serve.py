@@ -45,6 +45,7 @@ def build_engine(settings: Settings) -> Engine:
         packed_linear=cfg.packed_linear,
         fuse_prefill=cfg.fuse_prefill,
         itl_target_ms=cfg.itl_target_ms,
+        itl_headroom=cfg.itl_headroom,
     )
 
 

@@ -175,6 +175,15 @@ class EngineSettings(_Section):
         "slowing the streams; shorter prompts are read at once, first; unset: chunks of "
         "prefill_chunk_tokens",
     )
+    itl_headroom: float | None = Field(
+        None,
+        gt=0,
+        description="embedded: like itl_target_ms, relative to the machine: a round that reads "
+        "part of a long prompt is kept within this much longer than a decode round of as many "
+        "streams that reads none, by measured round times (0.15: 15 %), whatever the CPU's "
+        "speed and the batch's size; with itl_target_ms too, the tighter of the two; unset: no "
+        "relative limit",
+    )
     model_cache: Path = Field(
         Path.home() / ".cache" / "reef" / "models",
         description="where the tiny model is generated and SmolLM2 is converted (shared by state dirs)",

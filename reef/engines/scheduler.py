@@ -215,6 +215,7 @@ class Scheduler:
         prefix_cache_bytes: int = 0,
         fuse_prefill: bool = False,
         itl_target_s: float | None = None,
+        itl_headroom: float | None = None,
     ):
         """`prefill_chunk_tokens`: the most prompt tokens (padding included) read per round
         while other rows decode; 0 reads every admitted prompt whole at once.
@@ -226,7 +227,8 @@ class Scheduler:
         `prefill_chunk_tokens` when that is set) as keep the round within this many seconds,
         by the measured cost of earlier rounds (`reef.engines.pacing`), of the prompts longer
         than `prefill_chunk_tokens`: the others are read at once, first; None: always
-        `prefill_chunk_tokens`."""
+        `prefill_chunk_tokens`. `itl_headroom`: the same, within this much longer than a
+        round that reads no prompt (0.15: 15 %); with both, the tighter."""
         # ---- fixed before the thread starts
         self.model_id = model_id
         self.max_batch_size = max_batch_size
@@ -247,9 +249,14 @@ class Scheduler:
         self._reading: deque[_Reading] = deque()  # admitted, prompts being read, in order
         self._retiring: list[tuple[Variant, Future[None]]] = []  # unloaded, maybe still in use
         self._prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
-        self._pacer = Pacer(itl_target_s, prefill_chunk_tokens) if itl_target_s else None
+        self._pacer = (
+            Pacer(itl_target_s, prefill_chunk_tokens, headroom=itl_headroom)
+            if itl_target_s or itl_headroom
+            else None
+        )
         self._round_rows = 0  # rows that decoded in this round
         self._round_tokens = 0  # prompt columns x rows read in this round, padding included
+        self._round_unpaced = False  # whether this round read a prompt outside the budget
 
     # ---- the event loop's interface (any thread)
 
@@ -315,6 +322,7 @@ class Scheduler:
                 try:
                     started = time.perf_counter()
                     self._round_rows = self._round_tokens = 0
+                    self._round_unpaced = False
                     # Only a round that began with rows decoding read its prompts among them.
                     pacer = self._pacer if self._decoding() else None
                     for group in self._groups.values():
@@ -327,7 +335,7 @@ class Scheduler:
                         if group.rows and group not in stepped:
                             self._decode(group)
                     self._groups = {w: g for w, g in self._groups.items() if g.rows}
-                    if pacer is not None:
+                    if pacer is not None and not self._round_unpaced:
                         pacer.observe(
                             self._round_rows, self._round_tokens, time.perf_counter() - started
                         )
@@ -449,8 +457,9 @@ class Scheduler:
             columns = unit.prefill.remaining
             if self._one_chunk(unit):
                 # Paced, a prompt that fits one chunk is read at once, as without a pacer,
-                # and outside the round's budget: that is for the longer ones.
-                progressed = True
+                # and outside the round's budget: that is for the longer ones. Its round
+                # says nothing about what paced chunks cost, and the pacer leaves it out.
+                progressed = self._round_unpaced = True
                 self._read(unit, columns, stepped)
                 continue
             if budget is not None:
