@@ -46,6 +46,7 @@ def build_engine(settings: Settings) -> Engine:
         fuse_prefill=cfg.fuse_prefill,
         itl_target_ms=cfg.itl_target_ms,
         itl_headroom=cfg.itl_headroom,
+        itl_max_wait_ms=cfg.itl_max_wait_ms,
     )
 
 

@@ -184,6 +184,14 @@ class EngineSettings(_Section):
         "speed and the batch's size; with itl_target_ms too, the tighter of the two; unset: no "
         "relative limit",
     )
+    itl_max_wait_ms: float = Field(
+        10_000,
+        ge=0,
+        description="embedded, paced (itl_target_ms or itl_headroom): how long a long prompt "
+        "waits while not even one of its tokens fits a round, for the streams to end (it is "
+        "then read whole) or for room, before it is read a token a round regardless; 0: never "
+        "wait",
+    )
     model_cache: Path = Field(
         Path.home() / ".cache" / "reef" / "models",
         description="where the tiny model is generated and SmolLM2 is converted (shared by state dirs)",

@@ -97,6 +97,7 @@ class EmbeddedEngine:
         fuse_prefill: bool = True,
         itl_target_ms: float | None = None,
         itl_headroom: float | None = None,
+        itl_max_wait_ms: float = 10_000,
     ):
         """`sampling_defaults`: what a request that leaves out temperature or top_p gets;
         None: what the model's generation_config.json recommends (as vLLM does), {}: none.
@@ -115,7 +116,8 @@ class EmbeddedEngine:
         `prefill_chunk_tokens` when that is set); shorter prompts are read at once, first.
         None: chunks of `prefill_chunk_tokens`. `itl_headroom`: the same, within this much
         longer than a round that reads no prompt (0.15: 15 %), whatever the machine's speed;
-        with both, the tighter."""
+        with both, the tighter. Paced, a long prompt of which not even one token fits a round
+        waits, for at most `itl_max_wait_ms` (then a token a round)."""
         if max_batch_size < 1 or default_max_tokens < 1:
             raise ConfigError("max_batch_size and default_max_tokens must be at least 1")
         if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
@@ -124,6 +126,8 @@ class EmbeddedEngine:
             raise ConfigError("itl_target_ms must be positive (or unset)")
         if itl_headroom is not None and itl_headroom <= 0:
             raise ConfigError("itl_headroom must be positive (or unset)")
+        if itl_max_wait_ms < 0:
+            raise ConfigError("itl_max_wait_ms must be 0 (never wait) or more")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
         self.model_dir = Path(model_dir)
@@ -138,6 +142,7 @@ class EmbeddedEngine:
         self.fuse_prefill = fuse_prefill
         self.itl_target_ms = itl_target_ms
         self.itl_headroom = itl_headroom
+        self.itl_max_wait_ms = itl_max_wait_ms
         self.dtype = DTYPES[dtype]
         self.sampling_defaults = (
             generation_defaults(self.model_dir)
@@ -402,6 +407,7 @@ class EmbeddedEngine:
             fuse_prefill=fuse,
             itl_target_s=self.itl_target_ms / 1000 if self.itl_target_ms else None,
             itl_headroom=self.itl_headroom,
+            itl_max_wait_s=self.itl_max_wait_ms / 1000,
         )
 
     def _pacing(self) -> str:
@@ -411,7 +417,10 @@ class EmbeddedEngine:
             limits.append(f"{self.itl_target_ms:g} ms")
         if self.itl_headroom:
             limits.append(f"{self.itl_headroom:.0%} over a plain round")
-        return f" paced to rounds within {' and '.join(limits)}" if limits else ""
+        if not limits:
+            return ""
+        wait = f"; a long prompt waits up to {self.itl_max_wait_ms:g} ms for room"
+        return f" paced to rounds within {' and '.join(limits)}{wait}"
 
     def _read_adapter(self, path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
         return read_adapter(path, self._linear_shapes, self.model_id)

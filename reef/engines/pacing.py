@@ -6,8 +6,13 @@ inter-token latency target (`engine.itl_target_ms`) the scheduler sizes each chu
 round is expected to end within the target, which is the gap the decoding streams see between
 their tokens: the token budget per iteration derived from a latency objective of
 Sarathi-Serve's stall-free batching. A long prompt then takes as many rounds as the target
-leaves room for (one token a round at least, so it always progresses) and its own first token
-comes later; the streams it arrived among keep their pace.
+leaves room for and its own first token comes later; the streams it arrived among keep their
+pace. Where not even one token fits (on a CPU a round that reads one prompt token among eight
+decoding rows already costs ~20 % more than one that reads none: the fused pass's second
+attention over the prompt's cache and its extra bookkeeping), the prompt waits: for the
+streams to end (with nothing decoding it is read whole), or for room, but at most
+`engine.itl_max_wait_ms`; after that it is read a token a round at least, so that streams that
+never end cannot starve it.
 
 The target is absolute (`engine.itl_target_ms`), relative to a plain round of the same rows
 (`engine.itl_headroom`: 0.15 keeps a round that reads a prompt within 1.15x of one that does
@@ -59,7 +64,8 @@ class Pacer:
         self._sxx = 0.0  # sum of weighted c * c
 
     def budget(self, rows: int) -> int:
-        """Prompt tokens to read in a round in which `rows` rows decode (at least one)."""
+        """Prompt tokens to read in a round in which `rows` rows decode; 0 where not even one
+        fits the target by the estimate."""
         decode = self._decode_s(rows)
         if decode is None:  # nothing measured yet: one token, and a first measurement
             return 1
@@ -68,7 +74,7 @@ class Pacer:
         tokens = int((self.target(rows) - decode) / per_token + 1e-6)  # 3.9999... is 4
         if self.most:
             tokens = min(tokens, self.most)
-        return max(1, tokens)
+        return max(0, tokens)
 
     def target(self, rows: int) -> float:
         """The round time to stay within while `rows` rows decode (inf: nothing to go by)."""

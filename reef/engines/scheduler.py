@@ -191,6 +191,7 @@ class _Reading:
         self.weights = weights
         self.rows = rows
         skip = hit.tokens if hit is not None else 0
+        self.waiting_since: float | None = None  # when the pacer first had no room for it
         self.prefill = Prefill(
             [r.prompt_ids[skip:] for r in rows], pad_id, hit.layers if hit is not None else None
         )
@@ -216,6 +217,7 @@ class Scheduler:
         fuse_prefill: bool = False,
         itl_target_s: float | None = None,
         itl_headroom: float | None = None,
+        itl_max_wait_s: float = 10.0,
     ):
         """`prefill_chunk_tokens`: the most prompt tokens (padding included) read per round
         while other rows decode; 0 reads every admitted prompt whole at once.
@@ -228,7 +230,9 @@ class Scheduler:
         by the measured cost of earlier rounds (`reef.engines.pacing`), of the prompts longer
         than `prefill_chunk_tokens`: the others are read at once, first; None: always
         `prefill_chunk_tokens`. `itl_headroom`: the same, within this much longer than a
-        round that reads no prompt (0.15: 15 %); with both, the tighter."""
+        round that reads no prompt (0.15: 15 %); with both, the tighter. `itl_max_wait_s`:
+        paced, how long a long prompt waits while not even one of its tokens fits a round,
+        before it is read a token a round regardless."""
         # ---- fixed before the thread starts
         self.model_id = model_id
         self.max_batch_size = max_batch_size
@@ -254,6 +258,7 @@ class Scheduler:
             if itl_target_s or itl_headroom
             else None
         )
+        self.itl_max_wait_s = itl_max_wait_s
         self._round_rows = 0  # rows that decoded in this round
         self._round_tokens = 0  # prompt columns x rows read in this round, padding included
         self._round_unpaced = False  # whether this round read a prompt outside the budget
@@ -438,8 +443,9 @@ class Scheduler:
         return self.prefill_chunk_tokens or None
 
     def _read_prompts(self) -> set[_Group]:
-        """Read queued prompts, oldest first, up to the round's budget of tokens (always
-        some); those read to the end sample their first token and join their group.
+        """Read queued prompts, oldest first, up to the round's budget of tokens (some, unless
+        the pacer has no room for a long prompt and it may wait); those read to the end sample
+        their first token and join their group.
         Returns the groups that decoded this round too (fused with a chunk)."""
         budget = self._budget()
         progressed = False
@@ -465,7 +471,7 @@ class Scheduler:
             if budget is not None:
                 columns = min(columns, budget // len(unit.prefill))
                 if columns < 1:
-                    if progressed:
+                    if progressed or self._waits(unit, budget):
                         return stepped
                     columns = 1
                 budget -= columns * len(unit.prefill)
@@ -473,6 +479,16 @@ class Scheduler:
             if not self._read(unit, columns, stepped):
                 return stepped  # the budget is spent: this unit goes on next round
         return stepped
+
+    def _waits(self, unit: _Reading, budget: int) -> bool:
+        """Whether `unit` is left unread this round: the pacer has no room for even one token
+        (`budget` 0) and it has not waited `itl_max_wait_s` for room yet."""
+        if budget > 0:
+            return False
+        now = time.monotonic()
+        if unit.waiting_since is None:
+            unit.waiting_since = now
+        return now - unit.waiting_since < self.itl_max_wait_s
 
     def _one_chunk(self, unit: _Reading) -> bool:
         """Whether `unit`, being paced, is read at once: it fits one chunk (all of it, not

@@ -36,13 +36,18 @@ def test_rounds_that_read_a_prompt_price_its_tokens() -> None:
     assert pacer.budget(8) == pytest.approx(20, abs=1)
 
 
-def test_the_budget_is_capped_and_never_below_one() -> None:
+def test_the_budget_is_capped_and_none_where_no_token_fits() -> None:
     pacer = Pacer(10.0, most=128)
     pacer.observe(4, 0, 0.040)
     assert pacer.budget(4) == 128
     slow = Pacer(0.010)
     slow.observe(4, 0, 0.040)  # a plain round already takes longer than the target
-    assert slow.budget(4) == 1
+    assert slow.budget(4) == 0
+    costly = Pacer(headroom=0.15)
+    costly.observe(8, 0, 0.080)
+    assert costly.budget(8) == 1  # 12 ms of room; a token first priced as a row's 10 ms
+    costly.observe(8, 1, 0.096)  # one token cost 16 ms: the fused round's fixed cost
+    assert costly.budget(8) == 0
 
 
 def test_a_fast_round_does_not_make_the_next_chunk_unbounded() -> None:
@@ -143,6 +148,8 @@ def test_a_target_must_be_positive(tiny_dir: Path) -> None:
         EmbeddedEngine(tiny_dir, "tiny", itl_target_ms=-1)
     with pytest.raises(ConfigError, match="itl_headroom"):
         EmbeddedEngine(tiny_dir, "tiny", itl_headroom=0)
+    with pytest.raises(ConfigError, match="itl_max_wait_ms"):
+        EmbeddedEngine(tiny_dir, "tiny", itl_max_wait_ms=-1)
 
 
 def test_the_headroom_is_a_setting_checked_at_load() -> None:
@@ -156,20 +163,27 @@ def test_the_headroom_is_a_setting_checked_at_load() -> None:
 
 
 def test_paced_reading_gives_what_fixed_chunks_give(tiny_dir: Path) -> None:
-    """A target no round can meet reads one prompt token a round while a row decodes (the
-    long prompt's ~600 tokens take a pass each while the running row decodes its 200); a
-    target every round meets reads chunks of prefill_chunk_tokens, as many passes as fixed
-    chunks. Either way the tokens and log-probs are those of a prompt read in fixed chunks."""
+    """A target no round can meet, with no time to wait for room, reads one prompt token a
+    round while a row decodes (the long prompt's ~600 tokens take a pass each while the
+    running row decodes its 200), and so it does once the time to wait has run out; with time
+    to wait, the long prompt waits for the running row to end and is then read whole. A target
+    every round meets reads chunks of prefill_chunk_tokens, as many passes as fixed chunks.
+    Every way, the tokens and log-probs are those of a prompt read in fixed chunks."""
     fixed, fixed_stats = answers(tiny_dir, 16)
-    tight, tight_stats = answers(tiny_dir, 16, itl_target_ms=0.001)
+    tight, tight_stats = answers(tiny_dir, 16, itl_target_ms=0.001, itl_max_wait_ms=0)
     loose, loose_stats = answers(tiny_dir, 16, itl_target_ms=1e6, itl_headroom=1e6)
     relative, relative_stats = answers(tiny_dir, 16, itl_headroom=0.5)
+    waited, waited_stats = answers(tiny_dir, 16, itl_target_ms=0.001)
+    expired, expired_stats = answers(tiny_dir, 16, itl_target_ms=0.001, itl_max_wait_ms=5)
     assert tight_stats.prefills > fixed_stats.prefills + 100, (tight_stats, fixed_stats)
+    assert expired_stats.prefills > fixed_stats.prefills + 100, (expired_stats, fixed_stats)
     assert loose_stats.prefills <= fixed_stats.prefills + 3, (loose_stats, fixed_stats)
-    for stats in (tight_stats, loose_stats, relative_stats):
+    # With time to wait, the long prompt waits out the running row and is then read whole.
+    assert waited_stats.prefills <= fixed_stats.prefills, (waited_stats, fixed_stats)
+    for stats in (tight_stats, loose_stats, relative_stats, waited_stats, expired_stats):
         assert stats.prompt_tokens == fixed_stats.prompt_tokens
         assert stats.failed == 0 and stats.active == 0
-    for paced in (tight, loose, relative):
+    for paced in (tight, loose, relative, waited, expired):
         for a, b in zip(fixed, paced, strict=True):
             assert a.completion_token_ids == b.completion_token_ids
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
@@ -180,7 +194,12 @@ def test_a_prompt_that_fits_one_chunk_is_not_paced_behind_a_long_one(tiny_dir: P
     decodes; a question arriving behind it fits one chunk, so it is read at once, ahead of the
     long one's rest, and answered while the long one is still being read."""
     with running_engine(
-        tiny_dir, max_batch_size=8, prefill_chunk_tokens=64, prefix_cache_mb=0, itl_target_ms=0.001
+        tiny_dir,
+        max_batch_size=8,
+        prefill_chunk_tokens=64,
+        prefix_cache_mb=0,
+        itl_target_ms=0.001,
+        itl_max_wait_ms=0,
     ) as engine:
 
         async def scenario() -> tuple[int, int]:
