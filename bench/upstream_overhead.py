@@ -388,6 +388,7 @@ def start_shadow(state_dir: Path, url: str, rules: str) -> str:
     from deploy import rollout
     from reef.gate import Decision
     from reef.harness import Harness
+    from reef.provenance import Provenance
 
     accepted = Decision(status="accepted", policy="always", test="bench", reason="bench", n=0)
     harness = Harness({"AGENTS.md": rules, "harness.json": '{"inject": true}'})
@@ -395,7 +396,7 @@ def start_shadow(state_dir: Path, url: str, rules: str) -> str:
         scenario = chain.settings.server.default_scenario
         chain.store.ensure_scenario(scenario)
         head = chain.store.head_release(scenario)
-        cand = chain.add_harness_candidate(head, harness, accepted, recipe="bench")
+        cand = chain.add_harness_candidate(head, harness, accepted, Provenance(recipe="bench"))
         return str(rollout.start(chain, cand).id)
 
 

@@ -24,6 +24,7 @@ from reef.artifacts import ArtifactStore, tree_hash
 from reef.errors import ReefError
 from reef.gate import Decision
 from reef.harness import Harness, harness_of
+from reef.provenance import Provenance
 from reef.records import Candidate, Release, new_id, utcnow
 from reef.settings import Settings
 
@@ -121,15 +122,7 @@ def _mlflow(settings: Settings) -> dict[str, Any]:
 
 
 def harness_version(
-    settings: Settings,
-    release: Release,
-    harness: Harness,
-    *,
-    recipe: str,
-    gate: str,
-    dataset_id: str | None = None,
-    metrics: Mapping[str, float] | None = None,
-    run_id: str | None = None,
+    settings: Settings, release: Release, harness: Harness, provenance: Provenance, *, gate: str
 ) -> str:
     """A model version of the scenario's registered model for `release`'s harness (a release
     or candidate shaped by `harness_release`): its files as the version's artifacts, the same
@@ -143,14 +136,11 @@ def harness_version(
             release.scenario,
             release.id,
             Path(tmp),
+            provenance,
             kind="harness",
             parent_id=release.parent_id,
             content_hash=str(ref["content_hash"]),
-            recipe=recipe,
-            dataset_id=dataset_id,
-            metrics=metrics or {},
             gate=gate,
-            run_id=run_id,
             extra={
                 "weights_release_id": release.weights_id,
                 "weights_model_uri": release.metadata.get("weights_model_uri"),
@@ -177,15 +167,23 @@ def weights_version(settings: Settings, release: Release, files: Path | None) ->
         release.scenario,
         release.id,
         files,
+        provenance_of(release, base_model=settings.engine.model),
         kind=release.kind,
         parent_id=release.parent_id or "",
         content_hash=release.content_hash or "",
+        gate=release.operation,
+        **_mlflow(settings),
+    )
+
+
+def provenance_of(release: Release, base_model: str | None = None) -> Provenance:
+    """What a release made from another (rollback, promote) was made of: its own recipe,
+    dataset and numeric metrics."""
+    return Provenance(
         recipe=release.recipe or "",
         dataset_id=release.dataset_id or "",
         metrics={k: float(v) for k, v in release.metrics.items() if isinstance(v, (int, float))},
-        gate=release.operation,
-        base_model=settings.engine.model,
-        **_mlflow(settings),
+        base_model=base_model,
     )
 
 
@@ -196,15 +194,10 @@ def weights_candidate(
     files: Path,
     kind: str,
     decision: Decision,
-    *,
-    recipe: str,
-    dataset_id: str,
-    metrics: dict[str, float],
-    run_id: str | None,
-    base_model: str,
+    provenance: Provenance,
 ) -> Candidate:
     """The candidate (not yet stored) for trained files: files to the artifact store, a model
-    version in MLflow with the gate's result."""
+    version in MLflow with the gate's result and `provenance`."""
     digest = tree_hash(files)
     uri = artifacts.put_tree(f"releases/{head.scenario}/{digest}", files)
     release_id = new_id("rel")
@@ -213,15 +206,11 @@ def weights_candidate(
         head.scenario,
         release_id,
         files,
+        provenance,
         kind=kind,
         parent_id=head.id,
         content_hash=digest,
-        recipe=recipe,
-        dataset_id=dataset_id,
-        metrics=metrics,
         gate=decision.status,
-        run_id=run_id,
-        base_model=base_model,
         **_mlflow(settings),
     )
     now = utcnow()
@@ -234,13 +223,14 @@ def weights_candidate(
         status=STATUS_OF[decision.status],
         uri=uri,
         content_hash=digest,
-        recipe=recipe,
-        dataset_id=dataset_id,
-        metrics=metrics,
+        recipe=provenance.recipe,
+        dataset_id=provenance.dataset_id,
+        metrics=dict(provenance.metrics),
         gate=decision.as_dict(),
         model_uri=model_uri,
         updated_at=now,
         message=None if decision.status != "rejected" else decision.reason,
+        metadata=dict(provenance.metadata),
     )
 
 
@@ -250,27 +240,14 @@ def harness_candidate(
     head: Release,
     harness: Harness,
     decision: Decision,
-    *,
-    recipe: str,
-    dataset_id: str | None = None,
-    metrics: Mapping[str, float] | None = None,
-    run_id: str | None = None,
+    provenance: Provenance,
 ) -> Candidate:
     """The candidate (not yet stored) for a new harness on `head`: its files to the artifact
     store, a model version in MLflow (its files as artifacts). Published, it keeps `head`'s
     weights."""
     ref = store_harness(artifacts, head.scenario, harness)
     shape = harness_release(head, ref)
-    model_uri = harness_version(
-        settings,
-        shape,
-        harness,
-        recipe=recipe,
-        gate=decision.status,
-        dataset_id=dataset_id,
-        metrics=metrics,
-        run_id=run_id,
-    )
+    model_uri = harness_version(settings, shape, harness, provenance, gate=decision.status)
     now = utcnow()
     return Candidate(
         id=shape.id,
@@ -281,13 +258,13 @@ def harness_candidate(
         status=STATUS_OF[decision.status],
         uri=head.uri,
         content_hash=str(ref["content_hash"]),
-        recipe=recipe,
-        dataset_id=dataset_id,
-        metrics=dict(metrics or {}),
+        recipe=provenance.recipe,
+        dataset_id=provenance.dataset_id,
+        metrics=dict(provenance.metrics),
         gate=decision.as_dict(),
         model_uri=model_uri,
         updated_at=now,
         message=None if decision.status == "accepted" else decision.reason,
         operation="harness",
-        metadata=shape.metadata,
+        metadata={**shape.metadata, **provenance.metadata},
     )

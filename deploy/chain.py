@@ -39,6 +39,7 @@ from reef.artifacts import ArtifactStore, artifacts_for
 from reef.errors import BadRequest, Conflict, NotFound, ReefError
 from reef.gate import Decision
 from reef.harness import Harness, HarnessCache, adds_executable
+from reef.provenance import Provenance
 from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
 from reef.store.base import Store
@@ -124,56 +125,27 @@ class ReleaseChain:
         files: Path,
         kind: str,
         decision: Decision,
-        *,
-        recipe: str,
-        dataset_id: str,
-        metrics: dict[str, float],
-        run_id: str | None,
-        base_model: str,
-        provenance: dict[str, Any] | None = None,
+        provenance: Provenance,
     ) -> Candidate:
-        """Register trained files as a candidate made on `head`, with the gate's verdict.
-        `provenance` (e.g. the Prefect flow run that made it) joins its release's metadata."""
+        """Register trained files as a candidate made on `head`, with the gate's verdict and
+        where it came from (`provenance.metadata` joins its release's metadata)."""
         candidate = weights_candidate(
-            self.settings,
-            self.artifacts,
-            head,
-            files,
-            kind,
-            decision,
-            recipe=recipe,
-            dataset_id=dataset_id,
-            metrics=metrics,
-            run_id=run_id,
-            base_model=base_model,
+            self.settings, self.artifacts, head, files, kind, decision, provenance
         )
-        return self.store.add_candidate(_with_provenance(candidate, provenance))
+        return self.store.add_candidate(candidate)
 
     def add_harness_candidate(
         self,
         head: Release,
         harness: Harness,
         decision: Decision,
-        *,
-        recipe: str,
-        dataset_id: str | None = None,
-        metrics: dict[str, float] | None = None,
-        run_id: str | None = None,
-        provenance: dict[str, Any] | None = None,
+        provenance: Provenance,
     ) -> Candidate:
         """Register a harness as a candidate made on `head` (it keeps the head's weights)."""
         candidate = harness_candidate(
-            self.settings,
-            self.artifacts,
-            head,
-            harness,
-            decision,
-            recipe=recipe,
-            dataset_id=dataset_id,
-            metrics=metrics,
-            run_id=run_id,
+            self.settings, self.artifacts, head, harness, decision, provenance
         )
-        return self.store.add_candidate(_with_provenance(candidate, provenance))
+        return self.store.add_candidate(candidate)
 
     # moving the head ----------------------------------------------------------------------
     def publish(
@@ -308,10 +280,12 @@ class ReleaseChain:
             decision = Decision(
                 status="pending", policy="manual", test="review", reason=reason, n=0
             )
-            return self.add_harness_candidate(head, harness, decision, recipe="admin")
+            return self.add_harness_candidate(head, harness, decision, Provenance(recipe="admin"))
         ref = store_harness(self.artifacts, scenario, harness)
         release = harness_release(head, ref)
-        model_uri = harness_version(self.settings, release, harness, recipe="admin", gate="harness")
+        model_uri = harness_version(
+            self.settings, release, harness, Provenance(recipe="admin"), gate="harness"
+        )
         return self._deploy(release, model_uri=model_uri)
 
     # rollouts (deploy.rollout decides; these move the statuses and the head) ---------------
@@ -438,13 +412,9 @@ class ReleaseChain:
         """`release` with a model version in MLflow (the chain's mirror), before it is
         published: its harness files when it changed only the harness, else its weights."""
         if "weights_release_id" in release.metadata and self.harnesses.get(release) is not None:
+            made = Provenance(recipe=release.recipe or "", dataset_id=release.dataset_id)
             model_uri = harness_version(
-                self.settings,
-                release,
-                self.harness(release),
-                recipe=release.recipe or "",
-                gate=release.operation,
-                dataset_id=release.dataset_id,
+                self.settings, release, self.harness(release), made, gate=release.operation
             )
         else:
             model_uri = weights_version(self.settings, release, self.files(release))
@@ -471,10 +441,3 @@ class ReleaseChain:
             timings,
         )
         return published
-
-
-def _with_provenance(candidate: Candidate, provenance: dict[str, Any] | None) -> Candidate:
-    """The candidate with where it came from in its (future release's) metadata."""
-    if not provenance:
-        return candidate
-    return dataclasses.replace(candidate, metadata={**candidate.metadata, **provenance})

@@ -5,7 +5,9 @@ The flow runs in a worker process (the local evolve worker `reef serve` starts, 
 worker of the `evolve` deployment), never in the API process. Each step is a task in the module
 of its noun: flows.experience (materialize, validate, consume), flows.weights or flows.harness
 (the recipe's candidate, evaluated and judged by the gate), flows.release (register, approval,
-deploy). Everything is logged to one MLflow run of experiment "reef/<scenario>": parameters,
+deploy). The flow itself is four steps: `prepare` (settings, recipe, head), `take_batch` (the
+validated snapshot, split into train and held-out rows), `make_candidate` (by the recipe's
+target) and `release_candidate` (the gate's verdict carried out). Everything is logged to one MLflow run of experiment "reef/<scenario>": parameters,
 training and evaluation metrics, the gate's numbers, the dataset snapshot as the run's input,
 and the candidate as a model version.
 
@@ -15,21 +17,70 @@ compare-and-swap, after the engine has loaded and smoke-tested the candidate.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
 from prefect import flow, get_run_logger
 
 from flows import harness, weights
 from flows.experience import consume, materialize_snapshot, validate_snapshot
-from flows.release import release
+from flows.release import Registered, release
 from recipes.harness.recipe import HarnessRecipe
 from reef.artifacts import artifacts_for
-from reef.datasets import load, split
-from reef.gate import Decision
-from reef.recipe import WeightsRecipe, load_recipe
-from reef.records import Candidate, new_id
-from reef.settings import load_settings
+from reef.datasets import Snapshot, load, split
+from reef.errors import NothingToTrain
+from reef.experience import Experience
+from reef.recipe import Recipe, WeightsRecipe, load_recipe
+from reef.records import Release, new_id
+from reef.settings import Settings, load_settings
 from reef.store.sql import open_store
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What one run evolves: its settings (with the recipe's own gate), the recipe, the head
+    it starts from and, for a weights recipe, the model files it trains from."""
+
+    scenario: str
+    settings: Settings
+    recipe: Recipe
+    head: Release
+    model: Path | None  # None: a harness recipe keeps the weights
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The run's batch: the validated snapshot and the rows it trains on and holds out."""
+
+    snapshot: Snapshot
+    experience: Experience
+    train_rows: list[dict[str, Any]]
+    held_out: list[dict[str, Any]]
+
+    @property
+    def trained_ids(self) -> set[str]:
+        return {r["sample_id"] for r in self.train_rows}
+
+
+@dataclass(frozen=True)
+class NotReady:
+    """Why the run trains nothing yet: fewer eligible samples than a batch, or the recipe
+    waits for more (e.g. a grid not complete)."""
+
+    eligible: int
+    batch_size: int
+    reason: str | None = None
+
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "status": "not_ready",
+            "eligible": self.eligible,
+            "batch_size": self.batch_size,
+        }
+        return out if self.reason is None else {**out, "reason": self.reason}
 
 
 @flow(name="evolve")
@@ -45,10 +96,25 @@ def evolve(
     ids."""
     import mlflow
 
-    from reef import registry
-    from reef.tracking import log_snapshot_input, public_params
+    run = prepare(scenario, config, overrides)
+    batch = take_batch(run, force)
+    if isinstance(batch, NotReady):
+        return batch.result()
+    with tracked(run, batch) as run_id:
+        try:
+            registered = make_candidate(run, batch, run_id)
+        except NothingToTrain as e:
+            # Nothing in this batch can teach the recipe (e.g. no answer passed the threshold):
+            # consume it, or every new report would retrain on it again.
+            mlflow.set_tag("reef.nothing_to_train", e.message[:5000])
+            consume(run.settings.database_url, batch.experience, batch.trained_ids, new_id("batch"))
+            return {"status": "nothing_to_train", "reason": e.message}
+        return release_candidate(run, batch, registered, run_id)
 
-    logger = get_run_logger()
+
+def prepare(scenario: str, config: str | None, overrides: dict[str, Any] | None) -> Prepared:
+    """The settings, the recipe (its own gate when the configuration names none), the head and
+    the model a weights recipe trains from."""
     settings = load_settings(config, **(overrides or {}))
     loop = settings.reef
     if loop.train_threads:
@@ -63,18 +129,24 @@ def evolve(
         gate = settings.gate.model_copy(update={"policy": recipe.default_gate})
         settings = settings.model_copy(update={"gate": gate})
     # A harness recipe keeps the weights: it needs no weights of its own (any engine serves).
-    model = weights.base_model(settings) if isinstance(recipe, WeightsRecipe) else None
+    model = weights.base_model(settings) if recipe.target == "weights" else None
     store = open_store(settings.database_url)
     try:
         store.ensure_scenario(scenario)
         head = store.head_release(scenario)
     finally:
         store.close()
+    return Prepared(scenario, settings, recipe, head, model)
 
+
+def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
+    """Materialize and validate the eligible experience, let the recipe select its rows (the
+    rows it can never train on are consumed now), and split off the gate's held-out rows."""
+    settings, recipe, loop = run.settings, run.recipe, run.settings.reef
     snapshot, experience = materialize_snapshot(
         settings.database_url,
         settings.artifacts_url,
-        scenario,
+        run.scenario,
         recipe.kind,
         recipe=loop.recipe,
         max_staleness=loop.max_staleness,
@@ -82,10 +154,10 @@ def evolve(
         rule=recipe.report_rule,
     )
     if snapshot.rows < loop.batch_size and not (force and snapshot.rows):
-        logger.info(
-            "%s: %d eligible samples of %d needed", scenario, snapshot.rows, loop.batch_size
+        get_run_logger().info(
+            "%s: %d eligible samples of %d needed", run.scenario, snapshot.rows, loop.batch_size
         )
-        return {"status": "not_ready", "eligible": snapshot.rows, "batch_size": loop.batch_size}
+        return NotReady(snapshot.rows, loop.batch_size)
     validate_snapshot(
         snapshot,
         settings.artifacts_url,
@@ -94,80 +166,98 @@ def evolve(
     )
     selection = recipe.select(load(artifacts_for(settings), snapshot.key).to_pylist())
     if selection.discard:  # rows that can never train (e.g. a grid of mixed releases)
-        consume(
-            settings.database_url,
-            experience,
-            {r["sample_id"] for r in selection.discard},
-            new_id("batch"),
-        )
+        discarded = {r["sample_id"] for r in selection.discard}
+        consume(settings.database_url, experience, discarded, new_id("batch"))
     if selection.waiting is not None:
-        logger.info("%s: %s", scenario, selection.waiting)
-        return {
-            "status": "not_ready",
-            "eligible": snapshot.rows,
-            "batch_size": loop.batch_size,
-            "reason": selection.waiting,
-        }
+        get_run_logger().info("%s: %s", run.scenario, selection.waiting)
+        return NotReady(snapshot.rows, loop.batch_size, selection.waiting)
     rows = list(selection.rows)
     whole = selection.whole or settings.gate.policy == "always"
     holdout = 0.0 if whole else settings.gate.holdout
     train_rows, held_out = split(rows, holdout)
-    trained_ids = {r["sample_id"] for r in train_rows}
+    return Batch(snapshot, experience, train_rows, held_out)
 
+
+@contextmanager
+def tracked(run: Prepared, batch: Batch) -> Iterator[str]:
+    """The run's MLflow run in experiment "reef/<scenario>", with its parameters and the
+    snapshot as its input; yields the MLflow run id."""
+    import mlflow
+
+    from reef import registry
+    from reef.tracking import log_snapshot_input, public_params
+
+    settings, recipe = run.settings, run.recipe
     experiment = registry.ensure_experiment(
-        settings.tracking_uri, f"reef/{scenario}", settings.mlflow_artifact_location
+        settings.tracking_uri, f"reef/{run.scenario}", settings.mlflow_artifact_location
     )
     mlflow.set_tracking_uri(settings.tracking_uri)
     with (
         registry.s3_endpoint(settings.artifacts.s3_endpoint_url),
-        mlflow.start_run(experiment_id=experiment, run_name=f"evolve-{recipe.name}") as run,
+        mlflow.start_run(experiment_id=experiment, run_name=f"evolve-{recipe.name}") as active,
     ):
         mlflow.log_params(
             public_params(
                 {
-                    "scenario": scenario,
-                    "recipe": loop.recipe,
-                    "batch_size": loop.batch_size,
-                    "max_staleness": loop.max_staleness,
-                    "head_release_id": head.id,
-                    "train_rows": len(train_rows),
-                    "held_out_rows": len(held_out),
+                    "scenario": run.scenario,
+                    "recipe": settings.reef.recipe,
+                    "batch_size": settings.reef.batch_size,
+                    "max_staleness": settings.reef.max_staleness,
+                    "head_release_id": run.head.id,
+                    "train_rows": len(batch.train_rows),
+                    "held_out_rows": len(batch.held_out),
                     **{f"gate.{k}": v for k, v in settings.gate.model_dump().items()},
                     **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
                 }
             )
         )
-        log_snapshot_input(snapshot, context="training")
-        run_id = run.info.run_id
-        made: tuple[Candidate, Decision] | dict[str, Any]
-        if isinstance(recipe, HarnessRecipe):
-            made = harness.candidate(
-                settings, recipe, head, train_rows, held_out, snapshot.content_hash, run_id
-            )
-        else:
-            assert isinstance(recipe, WeightsRecipe) and model is not None
-            made = weights.candidate(
-                settings, recipe, model, head, snapshot, train_rows, held_out, run_id
-            )
-        if isinstance(made, dict):
-            # Nothing in this batch can teach the recipe (e.g. no answer passed the threshold):
-            # consume it, or every new report would retrain on it again.
-            mlflow.set_tag("reef.nothing_to_train", str(made["reason"])[:5000])
-            consume(settings.database_url, experience, trained_ids, new_id("batch"))
-            return made
-        candidate, decision = made
+        log_snapshot_input(batch.snapshot, context="training")
+        yield active.info.run_id
 
-        # The batch is consumed once the run has decided its candidate (rejected, declined, or
-        # published); a run that fails before that leaves it eligible, so it is tried again.
-        def consumed() -> None:
-            consume(settings.database_url, experience, trained_ids, candidate.id)
 
-        result: dict[str, Any] = {
-            "status": candidate.status,
-            "candidate_id": candidate.id,
-            "model_uri": candidate.model_uri,
-            "gate": decision.as_dict(),
-            "dataset": snapshot.manifest(),
-            "run_id": run_id,
-        }
-        return {**result, **release(settings, candidate, decision, consumed)}
+def make_candidate(run: Prepared, batch: Batch, run_id: str) -> Registered:
+    """The recipe's candidate, judged by the gate and registered: trained weights, or a
+    searched harness (by the recipe's target). Raises NothingToTrain."""
+    if run.recipe.target == "harness":
+        return harness.candidate(
+            run.settings,
+            cast(HarnessRecipe, run.recipe),
+            run.head,
+            batch.train_rows,
+            batch.held_out,
+            batch.snapshot.content_hash,
+            run_id,
+        )
+    assert run.model is not None  # prepare found it for every weights recipe
+    return weights.candidate(
+        run.settings,
+        cast(WeightsRecipe, run.recipe),
+        run.model,
+        run.head,
+        batch.snapshot,
+        batch.train_rows,
+        batch.held_out,
+        run_id,
+    )
+
+
+def release_candidate(
+    run: Prepared, batch: Batch, registered: Registered, run_id: str
+) -> dict[str, Any]:
+    """Carry out the gate's verdict (flows.release); the run's result."""
+    candidate, decision = registered.candidate, registered.decision
+
+    # The batch is consumed once the run has decided its candidate (rejected, declined, or
+    # published); a run that fails before that leaves it eligible, so it is tried again.
+    def consumed() -> None:
+        consume(run.settings.database_url, batch.experience, batch.trained_ids, candidate.id)
+
+    result: dict[str, Any] = {
+        "status": candidate.status,
+        "candidate_id": candidate.id,
+        "model_uri": candidate.model_uri,
+        "gate": decision.as_dict(),
+        "dataset": batch.snapshot.manifest(),
+        "run_id": run_id,
+    }
+    return {**result, **release(run.settings, registered, consumed)}

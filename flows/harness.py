@@ -26,7 +26,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from deploy.engine import DeployError, EngineAdmin
-from flows.release import gate, held_for_review, log_gate, register_harness
+from flows.release import Registered, gate, held_for_review, log_gate, register_harness
 from recipes.harness.episodes import (
     EpisodeError,
     Generate,
@@ -43,10 +43,10 @@ from recipes.harness.propose import (
 )
 from recipes.harness.recipe import HarnessJob, HarnessParams, HarnessRecipe, HarnessSearch
 from reef.artifacts import artifacts_for
-from reef.errors import EngineUnavailable, ReefError
-from reef.gate import Decision
+from reef.errors import EngineUnavailable, NothingToTrain, ReefError
 from reef.harness import Harness, HarnessCache, adds_executable, diff
-from reef.records import Candidate, Release
+from reef.provenance import Provenance
+from reef.records import Release
 from reef.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -227,10 +227,10 @@ def candidate(
     held_out: list[dict[str, Any]],
     dataset_id: str,
     run_id: str,
-) -> tuple[Candidate, Decision] | dict[str, Any]:
+) -> Registered:
     """Search, evaluate, gate and register one harness candidate (the evolve flow's harness
-    path, inside its MLflow run). Returns the candidate and the decision, or what happened
-    instead (nothing to learn from, no proposal)."""
+    path, inside its MLflow run). Raises NothingToTrain when there is nothing to learn from
+    or the proposer changed nothing."""
     import mlflow
 
     p: HarnessParams = recipe.params
@@ -238,7 +238,7 @@ def candidate(
     low = [r for r in train_rows if float(r["score"]) < p.threshold]
     tasks = recipe.scorable(tasks_from_rows(low))
     if not tasks:
-        return {"status": "nothing_to_train", "reason": "no low-scored answer the scorer can score"}
+        raise NothingToTrain("no low-scored answer the scorer can score")
     admin = EngineAdmin.for_settings(settings)
     try:
         generate = generator(admin, head.scenario, head.id, p)
@@ -254,7 +254,7 @@ def candidate(
         found = search(recipe, job)
         mlflow.log_metrics(found.metrics)
         if found.harness is None:
-            return {"status": "nothing_to_train", "reason": "the proposer changed nothing"}
+            raise NothingToTrain("the proposer changed nothing")
         new = served(found.harness, current)
         mlflow.set_tag("reef.harness_source", found.source)
         mlflow.log_dict(diff(current, new), "harness_diff.json")
@@ -270,14 +270,5 @@ def candidate(
         decision = held_for_review(decision, f"adds executable content ({', '.join(added)})")
     metrics = {**found.metrics, **result.metrics(), **decision.metrics()}
     log_gate(decision, result.__dict__, metrics)
-    registered = register_harness(
-        settings,
-        head,
-        new,
-        decision,
-        recipe=recipe.name,
-        dataset_id=dataset_id,
-        metrics=metrics,
-        run_id=run_id,
-    )
-    return registered, decision
+    made = Provenance(recipe=recipe.name, dataset_id=dataset_id, metrics=metrics, run_id=run_id)
+    return register_harness(settings, head, new, decision, made)

@@ -29,6 +29,7 @@ from recipes.harness.recipe import HarnessParams, HarnessRecipe
 from reef.artifacts import artifacts_for
 from reef.errors import ReefError
 from reef.harness import Harness, diff
+from reef.provenance import Provenance
 from reef.recipe import recipe_class
 from reef.records import Release
 from reef.settings import Settings, load_settings
@@ -127,16 +128,13 @@ def instruct(
             )
             metrics = {**result.metrics(), **decision.metrics()}
             log_gate(decision, result.__dict__, metrics)
-            candidate = register_harness(
-                settings,
-                head,
-                new,
-                decision,
+            made = Provenance(
                 recipe="instruct",
                 dataset_id=snapshot.content_hash if snapshot.rows else None,
                 metrics=metrics,
                 run_id=run.info.run_id,
             )
+            candidate = register_harness(settings, head, new, decision, made).candidate
         out = {
             "candidate_id": candidate.id,
             "status": candidate.status,

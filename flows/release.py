@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from deploy.chain import ReleaseChain
 from reef.gate import Decision, GatePolicy, check_guard, decide, with_guards
 from reef.harness import Harness
+from reef.provenance import Provenance
 from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
 
@@ -76,6 +77,15 @@ def log_gate(decision: Decision, evaluation: dict[str, Any], metrics: dict[str, 
     get_run_logger().info("gate: %s — %s", decision.status, decision.reason)
 
 
+@dataclass(frozen=True)
+class Registered:
+    """A candidate the gate has judged and the chain has registered: what the release step
+    carries out."""
+
+    candidate: Candidate
+    decision: Decision
+
+
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def register_weights(
     settings: Settings,
@@ -83,29 +93,14 @@ def register_weights(
     files: Path,
     kind: str,
     decision: Decision,
-    *,
-    recipe: str,
-    dataset_id: str,
-    metrics: dict[str, float],
-    run_id: str,
-    base_model: Path,
-    metadata: dict[str, Any] | None = None,
-) -> Candidate:
+    provenance: Provenance,
+) -> Registered:
     """Register trained weights as a candidate (pending, or rejected with the gate's reason);
-    `metadata` (the recipe's, Trained.metadata) joins its release's metadata."""
+    `provenance.metadata` (the recipe's, Trained.metadata) joins its release's metadata."""
     with ReleaseChain.for_settings(settings) as chain:
-        return chain.add_weights_candidate(
-            head,
-            files,
-            kind,
-            decision,
-            recipe=recipe,
-            dataset_id=dataset_id,
-            metrics=metrics,
-            run_id=run_id,
-            base_model=str(base_model),
-            provenance={**(metadata or {}), **provenance()},
-        )
+        made = provenance.with_metadata(prefect_run())
+        candidate = chain.add_weights_candidate(head, files, kind, decision, made)
+    return Registered(candidate, decision)
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -114,27 +109,16 @@ def register_harness(
     head: Release,
     harness: Harness,
     decision: Decision,
-    *,
-    recipe: str,
-    dataset_id: str | None,
-    metrics: dict[str, float],
-    run_id: str | None,
-) -> Candidate:
+    provenance: Provenance,
+) -> Registered:
     """Register a harness as a candidate that keeps the head's weights."""
     with ReleaseChain.for_settings(settings) as chain:
-        return chain.add_harness_candidate(
-            head,
-            harness,
-            decision,
-            recipe=recipe,
-            dataset_id=dataset_id,
-            metrics=metrics,
-            run_id=run_id,
-            provenance=provenance(),
-        )
+        made = provenance.with_metadata(prefect_run())
+        candidate = chain.add_harness_candidate(head, harness, decision, made)
+    return Registered(candidate, decision)
 
 
-def provenance() -> dict[str, Any]:
+def prefect_run() -> dict[str, Any]:
     """The Prefect flow run registering a candidate, for its release's metadata (the dashboard
     links it); empty outside a flow run."""
     from prefect.runtime import flow_run
@@ -160,13 +144,14 @@ def deploy(
 
 
 def release(
-    settings: Settings, candidate: Candidate, decision: Decision, consumed: Callable[[], None]
+    settings: Settings, registered: Registered, consumed: Callable[[], None]
 ) -> dict[str, Any]:
     """Carry out the gate's verdict on a registered candidate; `consumed` marks its batch
     trained on once the candidate is decided (rejected, declined, or published). Returns the
     status and, when published, the release."""
     import mlflow
 
+    candidate, decision = registered.candidate, registered.decision
     logger = get_run_logger()
     if decision.status == "rejected":
         consumed()

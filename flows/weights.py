@@ -19,12 +19,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from deploy.chain import ReleaseChain
-from flows.release import gate, log_gate, register_weights
+from flows.release import Registered, gate, log_gate, register_weights
 from recipes.scorers import scorer_named
-from reef.errors import ReefError
-from reef.gate import Decision
+from reef.errors import NothingToTrain, ReefError
+from reef.provenance import Provenance
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
-from reef.records import Candidate, Release
+from reef.records import Release
 from reef.settings import LoopSettings, Settings
 
 
@@ -156,9 +156,9 @@ def candidate(
     train_rows: list[dict[str, Any]],
     held_out: list[dict[str, Any]],
     run_id: str,
-) -> tuple[Candidate, Decision] | dict[str, Any]:
+) -> Registered:
     """Train, evaluate, gate and register one weights candidate (inside the flow's MLflow
-    run); or what happened instead when the batch has nothing to teach the recipe."""
+    run). Raises NothingToTrain when the batch has nothing to teach the recipe."""
     import mlflow
     import pyarrow as pa
 
@@ -176,9 +176,10 @@ def candidate(
         try:
             trained = train(recipe, job, settings.reef)
         except ReefError as e:
-            if e.code != "nothing_to_train":
+            if e.code != "nothing_to_train" or isinstance(e, NothingToTrain):
                 raise
-            return {"status": "nothing_to_train", "reason": e.message}
+            # a rank's verdict that crossed a process as a plain ReefError
+            raise NothingToTrain(e.message) from None
         mlflow.log_metrics(trained.metrics)
         evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
         decision = gate(evaluation.candidate, evaluation.head, settings, evaluation.guards)
@@ -189,17 +190,12 @@ def candidate(
             **decision.metrics(),
         }
         log_gate(decision, evaluation.__dict__, metrics)
-        registered = register_weights(
-            settings,
-            head,
-            trained.path,
-            trained.kind,
-            decision,
+        made = Provenance(
             recipe=recipe.name,
             dataset_id=snapshot.content_hash,
             metrics=metrics,
             run_id=run_id,
-            base_model=model,
-            metadata=trained.metadata,
+            base_model=str(model),
+            metadata=trained.metadata or {},
         )
-    return registered, decision
+        return register_weights(settings, head, trained.path, trained.kind, decision, made)

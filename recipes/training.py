@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from recipes.params import TRLParams
-from reef.errors import BadRequest
+from reef.errors import NothingToTrain as NothingToTrain  # recipes raise it from here
 from reef.experience import correction as correction  # recipes read it from here
 from reef.recipe import Progress, ReleaseKind, Trained, TrainJob
 
@@ -204,13 +204,6 @@ def final_metrics(log_history: list[Mapping[str, Any]]) -> dict[str, float]:
 
 # Shared by the TRL recipes (sft, kto, dpo, grpo): rows to chat data, the LoRA-or-full choice
 # from flat YAML params, and the reference policy the preference methods compare against.
-
-
-class NothingToTrain(BadRequest):
-    """The snapshot holds no row this recipe can learn from (e.g. no score reaches the
-    threshold and nothing was corrected): a verdict on the data, not a failure to retry."""
-
-    code = "nothing_to_train"
 
 
 def lora_from(params: Any) -> LoraParams | None:

@@ -33,6 +33,14 @@ class BadRequest(ReefError):
     type = "invalid_request_error"
 
 
+class NothingToTrain(BadRequest):
+    """A batch holds nothing a recipe can learn from (e.g. no score reaches the threshold and
+    nothing was corrected, or a harness search changed nothing): a verdict on the data, not a
+    failure to retry."""
+
+    code = "nothing_to_train"
+
+
 class Unauthorized(ReefError):
     status = 401
     type = "authentication_error"

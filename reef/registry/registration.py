@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reef.provenance import Provenance
 from reef.registry.clients import (
     ensure_experiment,
     ensure_registered_model,
@@ -266,16 +267,12 @@ def register_candidate(
     scenario: str,
     release_id: str,
     path: str | Path,
+    provenance: Provenance,
     *,
     kind: str,
     parent_id: str | None,
     content_hash: str,
-    recipe: str,
-    dataset_id: str | None,
-    metrics: Mapping[str, float],
     gate: str,
-    run_id: str | None = None,
-    base_model: str | Path | None = None,
     experiment: str | None = None,
     artifact_location: str | None = None,
     registry_uri: str | None = None,
@@ -284,12 +281,14 @@ def register_candidate(
 ) -> str:
     """Log the candidate at `path` (an adapter or full model directory, or a harness tree) as
     a pyfunc model and register it as a new version of ``reef-<scenario>``, tagged with the
-    release's ids, gate decision and metrics and ``reef.status=candidate``.
+    release's ids, gate decision, its provenance (recipe, dataset, metrics) and
+    ``reef.status=candidate``.
 
-    Logged under run `run_id` when given; otherwise under a new run in `experiment` (default
-    ``reef/<scenario>``), created at `artifact_location` if it does not exist yet. `base_model`
-    (a model directory, or a spec such as "tiny") is what an adapter is loaded onto; for an
-    adapter it defaults to the ``base_model_name_or_path`` in its adapter_config.json.
+    Logged under the run `provenance.run_id` when given; otherwise under a new run in
+    `experiment` (default ``reef/<scenario>``), created at `artifact_location` if it does not
+    exist yet. `provenance.base_model` (a model directory, or a spec such as "tiny") is what an
+    adapter is loaded onto; for an adapter it defaults to the ``base_model_name_or_path`` in
+    its adapter_config.json.
     Registering a release id again returns the existing version (same content hash) or raises
     Conflict. `extra` adds fields to reef_release.json and ``reef.<key>`` tags (a harness
     names the weights it is served with). Returns ``models:/reef-<scenario>/<version>``.
@@ -303,6 +302,7 @@ def register_candidate(
         raise ValueError(f"adapter {src} has no adapter_config.json")
     if kind == "checkpoint" and not (src / "config.json").is_file():
         raise ValueError(f"checkpoint {src} has no config.json")
+    base_model = provenance.base_model
     if base_model is None and kind == "adapter":
         base_model = json.loads((src / "adapter_config.json").read_text()).get(
             "base_model_name_or_path"
@@ -321,8 +321,8 @@ def register_candidate(
         "kind": kind,
         "base_model": _base_model_ref(base_model),
         "content_hash": content_hash,
-        "recipe": recipe,
-        "dataset_id": dataset_id,
+        "recipe": provenance.recipe,
+        "dataset_id": provenance.dataset_id,
         "gate": gate,
         **(extra or {}),
     }
@@ -331,11 +331,11 @@ def register_candidate(
         PARENT_ID: parent_id or "",
         KIND: kind,
         CONTENT_HASH: content_hash,
-        RECIPE: recipe,
-        DATASET_ID: dataset_id or "",
+        RECIPE: provenance.recipe,
+        DATASET_ID: provenance.dataset_id or "",
         GATE: gate,
         STATUS: CANDIDATE,
-        **{f"{METRIC_PREFIX}{k}": repr(float(v)) for k, v in metrics.items()},
+        **{f"{METRIC_PREFIX}{k}": repr(float(v)) for k, v in provenance.metrics.items()},
         **{f"reef.{k}": str(v) for k, v in (extra or {}).items() if v},
     }
     return _register(
@@ -344,8 +344,8 @@ def register_candidate(
         meta,
         src,
         tags,
-        metrics,
-        run_id=run_id,
+        provenance.metrics,
+        run_id=provenance.run_id,
         experiment=experiment,
         artifact_location=artifact_location,
         registry_uri=registry_uri,

@@ -21,6 +21,7 @@ from deploy.release import deploy
 from reef import registry
 from reef.errors import Conflict, EngineUnavailable, ReefError
 from reef.gate import Decision
+from reef.provenance import Provenance
 from reef.records import Candidate
 from reef.store.sql import SQLStore
 from reef.variants import Variants
@@ -57,11 +58,7 @@ def _candidate(chain: ReleaseChain, scenario: str, files: Path, status: str) -> 
         files,
         "adapter",
         decision,
-        recipe="sft",
-        dataset_id="sha256:test",
-        metrics={},
-        run_id=None,
-        base_model="tiny",
+        Provenance(recipe="sft", dataset_id="sha256:test", base_model="tiny"),
     )
 
 

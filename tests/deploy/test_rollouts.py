@@ -18,6 +18,7 @@ from deploy.chain import ReleaseChain
 from reef.errors import BadRequest, Conflict, HeadMoved
 from reef.gate import Decision
 from reef.harness import Harness
+from reef.provenance import Provenance
 from reef.records import Candidate
 from reef.rollouts import ARM_TAG, arm_for, sticky_key
 from reef.sequential import Health
@@ -50,7 +51,7 @@ def _canary(srv: InProcessReef, scenario: str, rules: str) -> Candidate:
     with ReleaseChain.for_settings(srv.settings) as chain:
         chain.store.ensure_scenario(scenario)
         head = chain.store.head_release(scenario)
-        cand = chain.add_harness_candidate(head, harness, ACCEPTED, recipe="test")
+        cand = chain.add_harness_candidate(head, harness, ACCEPTED, Provenance(recipe="test"))
         started = rollout.start(chain, cand)
     assert started.status == "canary" and started.gate["rollout"]["share"] == 0.5
     return started
@@ -166,7 +167,10 @@ def test_a_worse_canary_is_rolled_back_and_a_candidate_on_it_cannot_publish(
         assert chain_ops.store.get_candidate(scenario, cand.id).status == "rolled_back"
         harness = Harness({"AGENTS.md": "Trained during the canary.\n"})
         during = chain_ops.add_harness_candidate(
-            chain_ops.store.get_release(scenario, head), harness, ACCEPTED, recipe="test"
+            chain_ops.store.get_release(scenario, head),
+            harness,
+            ACCEPTED,
+            Provenance(recipe="test"),
         )
         with pytest.raises((HeadMoved, Conflict)):
             chain_ops.publish(during)

@@ -23,6 +23,7 @@ from deploy import rollout
 from deploy.chain import ReleaseChain
 from reef.gate import Decision
 from reef.harness import Harness
+from reef.provenance import Provenance
 from reef.records import Candidate, Record, utcnow
 from reef.rollouts import ARM_TAG, ROLLOUT_TAG, ab_id, arm_for
 from reef.settings import RolloutSettings, load_settings
@@ -79,7 +80,7 @@ def _candidate(srv: InProcessReef, scenario: str, rules: str) -> Candidate:
     with ReleaseChain.for_settings(srv.settings) as chain:
         chain.store.ensure_scenario(scenario)
         head = chain.store.head_release(scenario)
-        cand = chain.add_harness_candidate(head, harness, ACCEPTED, recipe="test")
+        cand = chain.add_harness_candidate(head, harness, ACCEPTED, Provenance(recipe="test"))
         return rollout.start(chain, cand)
 
 

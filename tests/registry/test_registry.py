@@ -18,6 +18,7 @@ import pytest
 
 from reef import registry
 from reef.errors import Conflict
+from reef.provenance import Provenance
 from reef.records import new_id
 from tests.registry.conftest import MAX_NEW, PROMPTS
 
@@ -27,18 +28,21 @@ def register(
 ) -> tuple[str, str]:
     """Register a candidate with plausible metadata; returns (release id, model URI)."""
     release_id = overrides.pop("release_id", new_id("rel"))
+    made = Provenance(
+        recipe="sft",
+        dataset_id="ds_1",
+        metrics={"eval_mean": 0.75, "improvement": 0.25},
+        run_id=overrides.pop("run_id", None),
+        base_model=base,
+    )
     fields: dict[str, Any] = {
         "kind": "adapter",
         "parent_id": "rel_base",
         "content_hash": f"sha256-{release_id}",
-        "recipe": "sft",
-        "dataset_id": "ds_1",
-        "metrics": {"eval_mean": 0.75, "improvement": 0.25},
         "gate": "accepted",
-        "base_model": base,
     }
     fields.update(overrides)
-    uri = registry.register_candidate(tracking_uri, scenario, release_id, path, **fields)
+    uri = registry.register_candidate(tracking_uri, scenario, release_id, path, made, **fields)
     return release_id, uri
 
 
@@ -390,13 +394,13 @@ def test_s3_endpoint_override_is_shared_and_restored(monkeypatch: pytest.MonkeyP
 _PUBLISHER = """
 import sys
 from reef import registry
+from reef.provenance import Provenance
 
 uri, adapter, base, name, count = sys.argv[1:]
 for k in range(int(count)):
     print(registry.register_candidate(
-        uri, "multi", f"rel_{name}_{k}", adapter, kind="adapter", parent_id="rel_base",
-        content_hash=f"h_{name}_{k}", recipe="sft", dataset_id=None, metrics={}, gate="accepted",
-        base_model=base,
+        uri, "multi", f"rel_{name}_{k}", adapter, Provenance(recipe="sft", base_model=base),
+        kind="adapter", parent_id="rel_base", content_hash=f"h_{name}_{k}", gate="accepted",
     ))
 """
 
