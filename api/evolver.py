@@ -1,5 +1,6 @@
-"""The API side of the automatic trigger: a local evolve worker process (flows.worker) that
-`reef serve` starts and tells about every report, so training never runs in the API process."""
+"""The API side of the automatic trigger: a local evolve worker process (cli.worker) that
+`reef serve` starts and tells about every report (reef.triggers, one JSON line each on its
+stdin), so training never runs in the API process."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from reef.settings import secret_environment, split_secrets
+from reef.triggers import Trigger, encode
 
 log = logging.getLogger("reef.api")
 
 
 class Evolver:
-    """Starts `python -m flows.worker` and writes a scenario name to it per report."""
+    """Starts `python -m cli.worker` and writes a trigger to it per report or job; `stop()`
+    closes its stdin, and the worker finishes the runs in progress and exits."""
 
     def __init__(
         self,
@@ -36,7 +39,7 @@ class Evolver:
         # Secret settings given as flags (--database-url may carry a password) go to the
         # worker in its environment, which only its user can read; any user can read argv.
         public, secret = split_secrets(self.overrides)
-        cmd = [sys.executable, "-m", "flows.worker", "--overrides", json.dumps(public, default=str)]
+        cmd = [sys.executable, "-m", "cli.worker", "--overrides", json.dumps(public, default=str)]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         env = dict(os.environ)
@@ -58,20 +61,20 @@ class Evolver:
     def notify(self, scenario: str) -> bool:
         """A report arrived for `scenario` (or the dashboard asked): the worker checks whether a
         batch is ready. False when the worker is not running."""
-        return self._send(scenario)
+        return self._send(Trigger.evolve(scenario))
 
     def run_job(self, scenario: str, job_id: str) -> bool:
         """Hand a user's job to the worker; False when the worker is not running."""
-        return self._send(f"job {scenario} {job_id}")
+        return self._send(Trigger.job(scenario, job_id))
 
-    def _send(self, line: str) -> bool:
+    def _send(self, trigger: Trigger) -> bool:
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return False
         stdin: IO[str] | None = proc.stdin
         try:
             assert stdin is not None
-            stdin.write(line + "\n")
+            stdin.write(encode(trigger))
             stdin.flush()
         except (BrokenPipeError, OSError) as e:
             log.warning("evolve worker is gone: %s", e)

@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from reef.artifacts import ArtifactStore
+from reef.background import BackgroundTask
 from reef.readiness import Readiness, readiness
 from reef.settings import LoopSettings
 from reef.store.base import Store
@@ -23,8 +24,8 @@ class ReadinessCollector(Collector):
     """Readiness per scenario as gauges. Computing it costs a few queries per scenario (the
     reported records and one count), so a scrape never waits for it (the event loop renders
     /metrics): a scrape serves the last computed numbers and, when they are older than
-    `interval_s`, starts one background refresh. The first scrape after start therefore shows
-    nothing yet.
+    `interval_s`, triggers one refresh by its background task (`start()` / `stop()` it with
+    the app). The first scrape after start therefore shows nothing yet.
 
     With `scenario_labels` off the gauges are totals over the scenarios (label `kind` only):
     eligible samples, records awaiting feedback and dropped samples summed, and
@@ -47,6 +48,13 @@ class ReadinessCollector(Collector):
         self._refreshing = False
         self._at = float("-inf")
         self._values: list[Readiness] = []
+        self.task = BackgroundTask("readiness-metrics", self.refresh)
+
+    def start(self) -> None:
+        self.task.start()
+
+    def stop(self) -> None:
+        self.task.stop()
 
     def refresh(self) -> None:
         """Recompute now (in the calling thread)."""
@@ -66,7 +74,7 @@ class ReadinessCollector(Collector):
             if self._refreshing or time.monotonic() - self._at < self.interval_s:
                 return
             self._refreshing = True
-        threading.Thread(target=self.refresh, name="reef-readiness", daemon=True).start()
+        self.task.trigger()
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []  # computed lazily: nothing to describe at registration

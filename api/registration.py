@@ -5,32 +5,34 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from reef.background import BackgroundTask
 from reef.store.base import Store
 
 log = logging.getLogger("reef.api")
 
 
-async def register(store: Store, url: str) -> None:
-    """Enter the registry as just started (before the process says it is ready)."""
-    await asyncio.to_thread(store.register_engine, url, started=True)
-    log.info("engine registered for deploys at %s", url)
+def heartbeat(store: Store, url: str, every_s: float) -> BackgroundTask:
+    """The registry entry of the engine at `url` as a background task: `start()` enters the
+    registry as just started (before the process says it is ready; an error there fails the
+    start), the task renews the entry every `every_s`, and `stop()` leaves the registry. A
+    renewal that fails is logged: the entry stays live until engine.registry_ttl_s."""
 
+    def enter() -> None:
+        store.register_engine(url, started=True)
+        log.info("engine registered for deploys at %s", url)
 
-async def heartbeat(store: Store, url: str, every_s: float) -> None:
-    """Renew the entry every `every_s` until cancelled; then leave the registry. A renewal
-    that fails is logged: the entry stays live until engine.registry_ttl_s."""
-    try:
-        while True:
-            await asyncio.sleep(every_s)
-            try:
-                await asyncio.to_thread(store.register_engine, url)
-            except Exception as e:
-                log.warning("engine heartbeat for %s failed: %s", url, e)
-    finally:
+    def renew() -> None:
         try:
-            await asyncio.to_thread(store.unregister_engine, url)
+            store.register_engine(url)
+        except Exception as e:
+            log.warning("engine heartbeat for %s failed: %s", url, e)
+
+    def leave() -> None:
+        try:
+            store.unregister_engine(url)
         except Exception as e:  # it drops out of deploys after the TTL anyway
             log.warning("unregistering engine %s failed: %s", url, e)
+
+    return BackgroundTask("engine-heartbeat", renew, every_s=every_s, first=enter, last=leave)

@@ -8,11 +8,11 @@ Conflict, which is logged and ignored.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from deploy import rollout
 from deploy.chain import ReleaseChain
+from reef.background import BackgroundTask
 from reef.errors import ReefError
 from reef.rollouts import Rollouts
 from reef.settings import RolloutSettings
@@ -54,11 +54,7 @@ def check_all(chain: ReleaseChain, rollouts: Rollouts) -> list[str]:
     return ended
 
 
-async def watch(chain: ReleaseChain, rollouts: Rollouts, interval_s: float) -> None:
-    """Check the live canaries forever, every `interval_s` (cancel to stop)."""
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await asyncio.to_thread(check_all, chain, rollouts)
-        except Exception:  # the watcher must outlive a bad check
-            log.exception("checking rollouts failed")
+def watcher(chain: ReleaseChain, rollouts: Rollouts, interval_s: float) -> BackgroundTask:
+    """The background task that checks the live canaries every `interval_s`; a check that
+    fails is logged and the next one runs on time."""
+    return BackgroundTask("rollout-watcher", lambda: check_all(chain, rollouts), every_s=interval_s)

@@ -1,37 +1,56 @@
-"""What every route needs, built once per app by the factory and reached via app.state."""
+"""What every route needs: every shared part of a serving process, built once per app by
+`Services.build`, started and stopped in order by the app's lifespan, reached via app.state."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import gc
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 
+from api import registration
 from api.auth import Authenticator, Principal
 from api.evolver import Evolver
 from api.metrics import Metrics
+from api.readiness_metrics import ReadinessCollector
+from api.rollouts import watcher as rollout_watcher
 from deploy.chain import ReleaseChain
-from reef.artifacts import ArtifactStore
-from reef.engines.base import Engine
+from deploy.engine import EngineTarget, Fleet, engines_for
+from reef.artifacts import ArtifactStore, artifacts_for
+from reef.background import BackgroundTask
+from reef.engines.base import Deployable, Engine
 from reef.errors import BadRequest, ServiceUnavailable
+from reef.harness import HarnessCache
+from reef.limits import Limits
+from reef.rollouts import Rollouts
 from reef.serving import Serving
 from reef.settings import Settings
+from reef.shadow import Shadows
 from reef.store.base import Store
 from reef.store.browse import Browse
 from reef.store.commits import GroupCommitter
+from reef.store.sql import open_store
 from reef.store.ui_sessions import UISessions
 from reef.variants import Variants
 from reef.wire import SCENARIO_PATTERN
+
+log = logging.getLogger("reef.api")
 
 _SCENARIO = re.compile(SCENARIO_PATTERN)
 
 
 @dataclass
 class Services:
-    """One owner of every shared part of a serving process (one of each per process)."""
+    """One owner of every shared part of a serving process (one of each per process).
+
+    Background work (reef.background) runs beside the requests: the engine registry's
+    heartbeat (engine.registry), the rollout watcher, the readiness numbers behind /metrics,
+    the shadow copies' writer, and the evolve worker process (reef.auto)."""
 
     settings: Settings
     engine: Engine
@@ -43,8 +62,136 @@ class Services:
     artifacts: ArtifactStore
     chain: ReleaseChain  # rollback, promote and harness releases, into this process's engine
     local: LocalEngine
+    engines: EngineTarget  # every engine a deploy from here reaches (this one included)
+    readiness: ReadinessCollector  # experience readiness in /metrics
+    watcher: BackgroundTask  # checks the live canaries (api.rollouts)
+    heartbeat: BackgroundTask | None = None  # the engine registry's entry (engine.registry)
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
+    _catch_up: asyncio.Task[list[str]] | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        engine: Engine,
+        store: Store | None = None,
+        evolver: Evolver | None = None,
+        engine_token: str | None = None,
+    ) -> Services:
+        """Every part, built and wired, none started. The engine is constructed (not started)
+        by the caller."""
+        store = store or open_store(settings.database_url)
+        artifacts = artifacts_for(settings)
+        cache = settings.server.state_dir / "cache"
+        variants = None
+        if isinstance(engine, Deployable):
+            variants = Variants(engine, store, artifacts, cache)
+        committer = GroupCommitter(
+            store,
+            window_ms=settings.store.commit_window_ms,
+            max_batch=settings.store.commit_max_batch,
+        )
+        metrics = Metrics(scenario_labels=settings.server.scenario_labels)
+        harnesses = HarnessCache(artifacts, cache)
+        rollouts = Rollouts(store, settings.rollout)
+        serving = Serving(
+            engine,
+            store,
+            committer,
+            max_tokens_cap=settings.server.max_tokens_cap,
+            variants=variants,
+            harnesses=harnesses,
+            limits=Limits.from_settings(settings),
+            rollouts=rollouts,
+            shadows=Shadows(
+                store,
+                settings.rollout,
+                gate_scorer=settings.gate.scorer,
+                judging=settings.judge,
+                on_outcome=lambda scenario, outcome: metrics.shadow.labels(scenario, outcome).inc(),
+            ),
+        )
+        local = LocalEngine(engine, serving, variants)
+        # Rollbacks, promotes and harness releases through this process reach every engine
+        # that serves the scenarios (engine.admin_urls, engine.registry): this one in
+        # process, the others over HTTP.
+        engines = engines_for(settings, (settings.server_url, local), store)
+        chain = ReleaseChain(settings, store, artifacts, engines, harnesses)
+        readiness = ReadinessCollector(
+            store, settings.reef, artifacts, scenario_labels=settings.server.scenario_labels
+        )
+        metrics.registry.register(readiness)
+        heartbeat = None
+        if settings.engine.registry:  # deploys made anywhere reach this engine
+            own = settings.engine_advertise_url
+            heartbeat = registration.heartbeat(store, own, settings.engine.heartbeat_s)
+        return cls(
+            settings=settings,
+            engine=engine,
+            store=store,
+            committer=committer,
+            serving=serving,
+            auth=Authenticator(settings.auth.tokens, engine_token),
+            metrics=metrics,
+            artifacts=artifacts,
+            chain=chain,
+            local=local,
+            engines=engines,
+            readiness=readiness,
+            watcher=rollout_watcher(chain, rollouts, settings.rollout.check_interval_s),
+            heartbeat=heartbeat,
+            variants=variants,
+            evolver=evolver,
+        )
+
+    async def start(self) -> None:
+        """Start every part, in order: the store's schema, the group committer, the engine,
+        the heads deployed while this process was down, the registry entry, the evolve
+        worker, then the background tasks."""
+        await asyncio.to_thread(self.store.migrate)
+        self.local.bind(asyncio.get_running_loop())
+        await self.committer.start()
+        await self.engine.start()
+        if self.variants is not None:  # loaded now, not by a first call
+            self._catch_up = asyncio.create_task(self.variants.catch_up())
+        if self.heartbeat is not None:  # deploys made anywhere reach this engine from now on
+            await asyncio.to_thread(self.heartbeat.start)
+        if self.evolver is not None:
+            self.evolver.start()
+        if self.serving.shadows is not None:
+            self.serving.shadows.start()
+        self.watcher.start()
+        self.readiness.start()
+        # Everything loaded so far (framework, engine, model) lives as long as the process:
+        # move it out of the collector's sight. Measured: full collections scanning it were
+        # the 75 ms p99 at 16 connections (10 ms frozen), and cost ~15% of throughput.
+        gc.freeze()
+        log.info(
+            "reef ready: engine=%s models=%s", self.engine.kind, ", ".join(self.engine.models())
+        )
+
+    async def stop(self) -> None:
+        """Stop every part, in order: the background tasks, the registry entry (deploys stop
+        coming here), the shadow copies in flight (stored, not lost), the evolve worker, the
+        group committer (what is pending is flushed before anything goes away), the engine,
+        the other engines' clients, the store."""
+        await asyncio.to_thread(self.readiness.stop)
+        await asyncio.to_thread(self.watcher.stop)
+        if self._catch_up is not None:
+            self._catch_up.cancel()
+        if self.heartbeat is not None:
+            await asyncio.to_thread(self.heartbeat.stop)
+        if self.serving.shadows is not None:
+            await self.serving.shadows.drain()
+            await asyncio.to_thread(self.serving.shadows.stop)
+        if self.evolver is not None:
+            await asyncio.to_thread(self.evolver.stop)
+        await self.committer.aclose()
+        await self.engine.aclose()
+        if isinstance(self.engines, Fleet):
+            self.engines.close()  # its HTTP clients of the other engines
+        self.store.close()
 
     @functools.cached_property
     def browse(self) -> Browse:

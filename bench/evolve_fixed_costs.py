@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 def collections(rounds: int) -> dict[str, list[float]]:
     """Seconds per gc.collect() with the worker's imports, before and after gc.freeze()."""
     from flows import evolve  # noqa: F401
-    from flows.worker import _preload
+    from flows.worker import preload
 
-    _preload()  # imports, then freezes them: unfreeze to measure the old way first
+    preload()  # imports, then freezes them: unfreeze to measure the old way first
     gc.unfreeze()
     out: dict[str, list[float]] = {"old": [], "new": []}
     for _ in range(rounds):

@@ -10,7 +10,7 @@ Bounded: at most `judge.concurrency` turns are judged at once and each within
 `judge.timeout_s`; a judge that fails or times out is a counted drop, never a crash, and the
 turn is not tried again by this worker. A judgment's report id is derived from what it judged
 (`judge_<record>` or `judge_<report>`), so a restarted worker never judges a turn twice.
-Never on the request path: this runs in the worker process (flows/worker.py).
+Never on the request path: this runs in the worker process (cli/worker.py).
 """
 
 from __future__ import annotations

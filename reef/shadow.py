@@ -5,9 +5,9 @@ The user's answer never waits for the shadow: Serving hands the call here only a
 user's record is durable, as a background task. A sample of calls (`shadow.sample`) is
 copied, at most `shadow.max_concurrency` at once in a process; a copy beyond the bound is
 dropped (counted), never queued. Shadow answers go to their own table (ShadowRecord), written
-in batches (one transaction per `flush_s` window, so a copy costs the serving process no
-commit of its own): no user sees them, and no listing, session lookup, readiness count or
-experience reads them.
+in batches by a background task (reef.background; one transaction per `flush_s` window, so a
+copy costs the serving process no commit of its own): no user sees them, and no listing,
+session lookup, readiness count or experience reads them.
 
 Scoring puts both answers on one scorer, in this order of preference:
 - `rollout.shadow.scorer`, else `gate.scorer`: a verifier `fn(completions, prompts=...)` ->
@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from reef import judge
+from reef.background import BackgroundTask
 from reef.recipe import import_object
 from reef.records import Record, ShadowRecord, new_id, utcnow
 from reef.settings import JudgeSettings, RolloutSettings
@@ -89,7 +91,9 @@ def scorer_of(scorer: str | None, judging: JudgeSettings) -> tuple[Score | None,
 
 class Shadows:
     """The shadow side of rollouts in one serving process: which calls are copied, how many
-    copies are in flight, and what became of each (`counts`, by scenario and outcome)."""
+    copies are in flight, and what became of each (`counts`, by scenario and outcome).
+    `start()` its writer with the app; at shutdown `drain()` the copies in flight, then
+    `stop()` it."""
 
     def __init__(
         self,
@@ -110,9 +114,16 @@ class Shadows:
         self.counts: Counter[tuple[str, Outcome]] = Counter()
         self.in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak refs
-        self._flush_s = flush_s
         self._pending: list[ShadowRecord] = []  # answered copies waiting for the next batch
-        self._flusher: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()  # the loop appends, the writer's thread takes
+        self.writer = BackgroundTask("shadow-writer", self._write, gather_s=flush_s)
+
+    def start(self) -> None:
+        self.writer.start()
+
+    def stop(self) -> None:
+        self.writer.stop()
+        self._write()  # what the last window left
 
     def active(self, scenario: str) -> bool:
         return self.settings.for_scenario(scenario).mode == "shadow"
@@ -148,26 +159,27 @@ class Shadows:
         task.add_done_callback(self._tasks.discard)
 
     async def drain(self) -> None:
-        """Wait for the copies in flight and their batch write (shutdown, tests)."""
+        """Wait for the copies in flight, then write what waits (shutdown, tests)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        await asyncio.to_thread(self._write)
 
     def _store(self, shadow: ShadowRecord) -> None:
-        self._pending.append(shadow)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        with self._lock:
+            self._pending.append(shadow)
+        self.writer.trigger()
 
-    async def _flush(self) -> None:
-        """Write the copies answered within `flush_s` in one transaction, until none wait."""
-        while self._pending:
-            await asyncio.sleep(self._flush_s)
+    def _write(self) -> None:
+        """Write the copies answered so far (those of one `flush_s` window) in one
+        transaction."""
+        with self._lock:
             batch, self._pending = self._pending, []
-            try:
-                await asyncio.to_thread(self.store.add_shadow_records, batch)
-            except Exception:
-                log.exception("storing %d shadow records failed", len(batch))
+        if not batch:
+            return
+        try:
+            self.store.add_shadow_records(batch)
+        except Exception:
+            log.exception("storing %d shadow records failed", len(batch))
 
     async def _run(
         self,

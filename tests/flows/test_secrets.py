@@ -70,7 +70,7 @@ def _worker_argv(url: str, state: Path) -> tuple[str, str]:
         env = Path(f"/proc/{proc.pid}/environ").read_bytes().decode(errors="replace")
     finally:
         evolver.stop(timeout_s=60)
-    assert "flows.worker" in argv
+    assert "cli.worker" in argv
     return argv, env
 
 
