@@ -262,6 +262,20 @@ def _existing(
     return uri
 
 
+def _candidate_files(path: str | Path, kind: str) -> Path:
+    """The candidate's directory, checked to hold what its kind needs."""
+    if kind not in CANDIDATE_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(CANDIDATE_KINDS)}, not '{kind}'")
+    src = Path(path).expanduser()
+    if not src.is_dir():
+        raise ValueError(f"candidate path {src} is not a directory")
+    if kind == "adapter" and not (src / "adapter_config.json").is_file():
+        raise ValueError(f"adapter {src} has no adapter_config.json")
+    if kind == "checkpoint" and not (src / "config.json").is_file():
+        raise ValueError(f"checkpoint {src} has no config.json")
+    return src
+
+
 def register_candidate(
     tracking_uri: str,
     scenario: str,
@@ -293,15 +307,7 @@ def register_candidate(
     Conflict. `extra` adds fields to reef_release.json and ``reef.<key>`` tags (a harness
     names the weights it is served with). Returns ``models:/reef-<scenario>/<version>``.
     """
-    if kind not in CANDIDATE_KINDS:
-        raise ValueError(f"kind must be one of {', '.join(CANDIDATE_KINDS)}, not '{kind}'")
-    src = Path(path).expanduser()
-    if not src.is_dir():
-        raise ValueError(f"candidate path {src} is not a directory")
-    if kind == "adapter" and not (src / "adapter_config.json").is_file():
-        raise ValueError(f"adapter {src} has no adapter_config.json")
-    if kind == "checkpoint" and not (src / "config.json").is_file():
-        raise ValueError(f"checkpoint {src} has no config.json")
+    src = _candidate_files(path, kind)
     base_model = provenance.base_model
     if base_model is None and kind == "adapter":
         base_model = json.loads((src / "adapter_config.json").read_text()).get(
