@@ -134,6 +134,50 @@ class Reader:
 
         return _Scope()
 
+    def read_many(self, reactions: Sequence[tuple[str, str]], batch: int = 16) -> list[Reading]:
+        """Readings of many (role, text) reactions, `batch` at a time: the fixed text's keys and
+        values repeated for each row, the reactions padded on the right (a causal model's real
+        tokens never see the padding after them), each read at its own last token. Equal to
+        `read` one by one up to float rounding."""
+        torch = self._torch
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "right"
+        out: list[Reading] = []
+        for start in range(0, len(reactions), batch):
+            rows = [reaction_line(r, t) for r, t in reactions[start : start + batch]]
+            enc = self.tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
+            n = len(rows)
+            mask = torch.cat(
+                [
+                    torch.ones(n, self._prefix_tokens, dtype=enc.attention_mask.dtype),
+                    enc.attention_mask,
+                ],
+                dim=1,
+            )
+            with self._lock, self._threads(), torch.inference_mode():
+                cache = copy.deepcopy(self._prefix_cache)
+                cache.batch_repeat_interleave(n)
+                res = self.model(
+                    input_ids=enc.input_ids,
+                    attention_mask=mask,
+                    cache=cache,
+                    use_cache=True,
+                    output_hidden_states=True,
+                )
+            last = enc.attention_mask.sum(dim=1) - 1
+            for i in range(n):
+                logprobs = torch.log_softmax(res.logits[i, last[i]].float(), dim=-1)
+                hidden = res.hidden_states[-1][i, last[i]].float()
+                out.append(
+                    Reading(
+                        logprobs=tuple(float(logprobs[j]) for j in self._label_ids),
+                        hidden=tuple(float(v) for v in hidden.tolist()),
+                        tokens=int(enc.attention_mask[i].sum()),
+                    )
+                )
+        return out
+
     def read(self, role: str, text: str) -> Reading:
         torch = self._torch
         ids = self.tokenizer(
@@ -141,9 +185,7 @@ class Reader:
         ).input_ids
         with self._lock, self._threads(), torch.inference_mode():
             cache = copy.deepcopy(self._prefix_cache)  # a pass extends the cache it is given
-            out = self.model(
-                input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True
-            )
+            out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True)
         logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         hidden = out.hidden_states[-1][0, -1].float()
         return Reading(
@@ -256,10 +298,15 @@ class LikelihoodJudge:
         self.probe = probe
         self.min_confidence = min_confidence
         self.hints = hints
+        self._features: dict[tuple[str, str], np.ndarray] = {}
 
     def fit(self, labelled: Sequence[Labelled]) -> None:
-        """Refit the probe on these labelled reactions (the seed set plus the scenario's)."""
-        x = np.stack([self.reader.read(r.role, r.text).features() for r in labelled])
+        """Refit the probe on these labelled reactions (the seed set plus the scenario's).
+        Readings are kept by reaction, so a refit reads only the reactions it has not read."""
+        todo = [(r.role, r.text) for r in labelled if (r.role, r.text) not in self._features]
+        for key, reading in zip(todo, self.reader.read_many(todo), strict=True):
+            self._features[key] = reading.features()
+        x = np.stack([self._features[(r.role, r.text)] for r in labelled])
         self.probe = Probe().fit(x, [r.label for r in labelled])
 
     def verdict(self, reading: Reading) -> tuple[int, float, dict[str, float]]:

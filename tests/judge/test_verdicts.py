@@ -99,3 +99,12 @@ def test_a_verdict_below_min_confidence_is_kept_but_scores_nothing(reader: Reade
     assert j.confidence < 1.0
     assert j.verdict in (1, -1, 0) and j.score == 0 and j.hints == ()
     assert not j.trains
+
+
+def test_reading_many_at_once_equals_reading_one_by_one(reader: Reader) -> None:
+    reactions = [(s.role, s.text) for s in seed_labels()[:7]] + [("user", "x" * 2000)]
+    many = reader.read_many(reactions, batch=3)
+    for (role, text), got in zip(reactions, many, strict=True):
+        one = reader.read(role, text)
+        assert got.tokens == one.tokens
+        assert np.allclose(got.features(), one.features(), atol=1e-4)
