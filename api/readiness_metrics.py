@@ -113,6 +113,7 @@ class ReadinessCollector(Collector):
             for reason, n in sorted(r.dropped.items()):
                 dropped.add_metric([*key, reason], n)
         yield from (eligible, batch, ready, awaiting, dropped)
+        yield from judge_gauges(values)
 
     def _totals(self, values: list[Readiness]) -> Iterator[GaugeMetricFamily]:
         labels = ["kind"]
@@ -149,3 +150,44 @@ class ReadinessCollector(Collector):
             for reason, n in sorted(reasons.items()):
                 dropped.add_metric([kind, reason], n)
         yield from (eligible, batch, ready, awaiting, dropped)
+
+
+def judge_gauges(values: list[Readiness]) -> Iterator[GaugeMetricFamily]:
+    """The judge's record per scenario (reef.judge.JudgeQuality), for scenarios it judged."""
+    judged = GaugeMetricFamily("reef_judge_judged", "Turns the judge judged", labels=["scenario"])
+    dropped = GaugeMetricFamily(
+        "reef_judge_dropped",
+        "Turns the judge could not judge after its retries, by reason",
+        labels=["scenario", "reason"],
+    )
+    void = GaugeMetricFamily(
+        "reef_judge_void_rate", "Share of judgments with no valid verdict", labels=["scenario"]
+    )
+    confidence = GaugeMetricFamily(
+        "reef_judge_confidence_mean", "Mean confidence of the verdicts", labels=["scenario"]
+    )
+    agreement = GaugeMetricFamily(
+        "reef_judge_agreement",
+        "Share of verdicts that agree with a person's score on the same turn",
+        labels=["scenario"],
+    )
+    compared = GaugeMetricFamily(
+        "reef_judge_compared",
+        "Turns with both a verdict and a person's decisive score",
+        labels=["scenario"],
+    )
+    for r in values:
+        q = r.judge
+        if q is None:
+            continue
+        judged.add_metric([r.scenario], q.judged)
+        for reason, n in sorted(q.dropped.items()):
+            dropped.add_metric([r.scenario, reason], n)
+        if q.void_rate is not None:
+            void.add_metric([r.scenario], q.void_rate)
+        if q.mean_confidence is not None:
+            confidence.add_metric([r.scenario], q.mean_confidence)
+        compared.add_metric([r.scenario], q.compared)
+        if q.agreement is not None:
+            agreement.add_metric([r.scenario], q.agreement)
+    yield from (judged, dropped, void, confidence, agreement, compared)

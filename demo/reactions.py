@@ -6,11 +6,15 @@ and one the app's prompt never states. After each answer the user says so in the
 "Too long. Keep it to one sentence." or "Thanks, that's what I needed." Deterministic: the
 same answer always draws the same reaction.
 
-`rule_judge` is the judge the CPU demo configures (`judge.function: demo.reactions:rule_judge`;
-a 135M model is too weak to judge): it reads the reply and the user's reaction and answers in
-the real judge format (`\\boxed{±1}`, hints between [HINT_START]/[HINT_END]) with a small,
-deterministic vote flip, so plurality voting, ties and hint de-duplication are exercised
-(ALGORITHMS.md §2.5).
+The user words each reaction one of several ways (picked by a hash of the answer), some of
+which name no rule ("Hm, that's a lot. Shorter?"), so whoever judges has to read the reaction.
+
+`rule_judge` is NOT a judge Reef ships: it reads the reply and checks the preference itself
+(`passes`), with a small, deterministic vote flip, and answers in the generating judge's format
+(`\\boxed{±1}`, hints between [HINT_START]/[HINT_END]). It is told the answer, so a run with it
+shows that the recipe can learn from judgments, not that Reef can judge; `make demo-reactions`
+uses Reef's shipped judge (the likelihood judge on the served model, reef.verdicts) and
+`--judge rule` runs the comparison arm.
 """
 
 from __future__ import annotations
@@ -24,6 +28,22 @@ from reef.judge import Exchange
 MAX_WORDS = 20
 COMPLAINT = "Too long. Keep it to one sentence."
 THANKS = "Thanks, that's what I needed."
+# The wordings the user reacts with (the first of each is the one above).
+COMPLAINTS = (
+    COMPLAINT,
+    "Hm, that's a lot. Shorter?",
+    "Way more than I needed. Just one sentence, please.",
+    "Could you say that in a single sentence?",
+    "Too wordy for me.",
+    "Can you try again, but brief?",
+)
+THANKS_ALL = (
+    THANKS,
+    "Perfect, short and clear.",
+    "great, thanks",
+    "Nice, that's all I wanted to know.",
+    "Got it, thank you!",
+)
 FLIP = 0.15  # chance that one vote of the judge disagrees
 
 # The app's chat: no system rule about length; the user's preference is theirs alone.
@@ -63,8 +83,10 @@ def passes(reply: str | None) -> bool:
 
 
 def react(reply: str | None) -> str:
-    """The user's next message after `reply`."""
-    return THANKS if passes(reply) else COMPLAINT
+    """The user's next message after `reply`: thanks or a complaint, worded one of several
+    ways (the same reply always draws the same words)."""
+    pool = THANKS_ALL if passes(reply) else COMPLAINTS
+    return pool[int(_chance("react", reply) * len(pool))]
 
 
 def report(reply: str | None) -> dict[str, str]:
@@ -81,10 +103,7 @@ def _chance(*parts: object) -> float:
 def rule_judge(task: str, exchange: Exchange, sample: int) -> str:
     """The simulated PRM: +1 when the reaction is thanks (or the reply passes), -1 with a
     hint when it complains; each vote flips with probability FLIP (seeded by the reply)."""
-    reaction = exchange.next_text.lower()
-    bad = "too long" in reaction or "one sentence" in reaction or not passes(exchange.reply)
-    if "thanks" in reaction:
-        bad = False
+    bad = not passes(exchange.reply)  # told the answer: it checks the preference itself
     flip = _chance(task, exchange.reply, sample) < FLIP
     if task == "evaluate":
         vote = -1 if bad else 1

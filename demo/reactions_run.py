@@ -3,14 +3,19 @@ through Reef from how the user reacts, and nothing else.
 
     .venv/bin/python -m demo.reactions_run [--rounds 10] [--sessions 8]
 
-A real `reef serve` (SmolLM2, recipe openclaw, the evolve worker on, judge
-`demo.reactions:rule_judge`). Each round the app holds `sessions` conversations: a training
-question, the model's answer, and the simulated user's next turn ("Too long. Keep it to one
-sentence." / "Thanks, that's what I needed."). Nobody calls /reef/report: the worker's judge
-reads each answer with the user's next turn, stores its vote and hints as a report, and once a
-batch is judged the evolve flow trains, publishes and deploys a release. The held-out
+A real `reef serve` (SmolLM2, recipe openclaw, the evolve worker on, and the judge Reef ships:
+the likelihood judge on the served model). Each round the app holds `sessions` conversations:
+a training question, the model's answer, and the simulated user's next turn (a complaint or
+thanks in one of several wordings, demo/reactions.py). Nobody calls /reef/report: the worker's
+judge reads each answer with the user's next turn, stores its verdict and hint as a report, and
+once a batch is judged the evolve flow trains, gates, publishes and deploys. The held-out
 questions are then answered greedily through the engine's admin generate route (unrecorded)
 and scored by the user's rule.
+
+`--judge rule` runs the comparison arm with `demo.reactions:rule_judge`, which is told the
+answer (it checks the preference itself); `--gate always` makes every candidate the head (the
+default is Reef's default gate, which may refuse a round's candidate: the round then keeps
+the head it had).
 """
 
 from __future__ import annotations
@@ -33,21 +38,24 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = "reactions"
 
 
-def config(sessions: int, lr: float | None, batch: int) -> dict:
+def config(sessions: int, lr: float | None, batch: int, judge: str, gate: str) -> dict:
     params: dict = {"batch_size": batch}
     if lr is not None:  # else the recipe's default for its mode
         params["learning_rate"] = lr
-    return {
+    out: dict = {
         "engine": {"max_batch_size": 16},
         "reef": {
             "recipe": "openclaw",
             "batch_size": sessions,
             "params": params,
         },
-        # `always`: each round's candidate becomes the head; the demo measures it itself.
-        "gate": {"policy": "always"},
-        "judge": {"function": "demo.reactions:rule_judge", "poll_s": 1.0},
+        "judge": {"poll_s": 1.0},
     }
+    if judge == "rule":
+        out["judge"]["function"] = "demo.reactions:rule_judge"
+    if gate == "always":  # each round's candidate becomes the head; the demo measures it
+        out["gate"] = {"policy": "always"}
+    return out
 
 
 class Conversations:
@@ -90,6 +98,12 @@ class Conversations:
         r.raise_for_status()
         return str(r.json()["head_release_id"])
 
+    def decided(self) -> list[dict]:
+        """The scenario's candidates the gate has decided (published, rejected, ...)."""
+        r = self.http.get(f"/reef/scenarios/{SCENARIO}/candidates")
+        r.raise_for_status()
+        return [c for c in r.json()["data"] if c["status"] != "pending"]
+
     def held_out(self, release_id: str) -> tuple[int, int]:
         def one(q: str) -> bool:
             r = self.http.post(
@@ -116,7 +130,9 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
     def say(msg: str) -> None:
         print(f"[{time.monotonic() - start:6.1f}s] {msg}", flush=True)
 
-    server = Server(state_dir, "smollm2", config(args.sessions, args.lr, args.batch))
+    server = Server(
+        state_dir, "smollm2", config(args.sessions, args.lr, args.batch, args.judge, args.gate)
+    )
     steps: list[Step] = []
     first_replies: list[bool] = []
     try:
@@ -136,12 +152,17 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
             say(f"round {n}: {args.sessions} sessions, {sum(ok)} first answers suited the user")
             reacted = time.monotonic()
             deadline = reacted + args.round_timeout
-            while app.head() == head:
+            while len(app.decided()) < n:  # this round's candidate, accepted or refused
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"no release in {args.round_timeout:.0f}s:\n{server.log()[-4000:]}"
+                        f"no decision in {args.round_timeout:.0f}s:\n{server.log()[-4000:]}"
                     )
                 time.sleep(1.0)
+            verdict = app.decided()[0]
+            if verdict["status"] != "published":
+                say(
+                    f"round {n}: candidate {verdict['status']}: {verdict['gate'].get('reason', '')}"
+                )
             head = app.head()
             evolve_s = time.monotonic() - reacted
             passed, asked = app.held_out(head)
@@ -167,7 +188,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
         steps,
         state_dir / "reactions-curve.png",
         target=None,
-        title="SmolLM2 learns 'one sentence' from reactions alone (openclaw)",
+        title=f"SmolLM2 learns 'one sentence' from reactions alone ({args.judge} judge)",
         ylabel="held-out one-sentence answers",
         xlabel=f"release (rounds of {args.sessions} sessions, next-turn reactions only)",
     )
@@ -177,7 +198,14 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
         SCENARIO,
         steps,
         png,
-        {"recipe": "openclaw", "sessions": args.sessions, "lr": args.lr, "batch": args.batch},
+        {
+            "recipe": "openclaw",
+            "sessions": args.sessions,
+            "lr": args.lr,
+            "batch": args.batch,
+            "judge": args.judge,
+            "gate": args.gate,
+        },
     )
     say(f"curve {png}; MLflow run {run_id} in experiment reef/{SCENARIO}")
     save_figures(state_dir / "artifacts", SCENARIO, steps, "python -m demo.reactions_run")
@@ -202,6 +230,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--round-timeout", type=float, default=900.0)
     p.add_argument("--state-dir", type=Path)
+    p.add_argument(
+        "--judge",
+        choices=("shipped", "rule"),
+        default="shipped",
+        help="shipped: Reef's default judge; rule: demo.reactions:rule_judge (told the answer)",
+    )
+    p.add_argument(
+        "--gate",
+        choices=("default", "always"),
+        default="default",
+        help="default: Reef's default gate; always: every candidate becomes the head",
+    )
     args = p.parse_args(argv)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     state_dir = (args.state_dir or ROOT / ".reef-demo" / f"reactions-{stamp}").resolve()

@@ -7,10 +7,15 @@ text but no score is judged too, with its text as the next state. The last turn 
 gets no next state: after `judge.session_ttl_s` it is retired unjudged (counted).
 
 Bounded: at most `judge.concurrency` turns are judged at once and each within
-`judge.timeout_s`; a judge that fails or times out is a counted drop, never a crash, and the
-turn is not tried again by this worker. A judgment's report id is derived from what it judged
-(`judge_<record>` or `judge_<report>`), so a restarted worker never judges a turn twice.
+`judge.timeout_s`; a judging that fails or times out is tried again `judge.retries` times,
+then stored as a drop (a judgment with no score and its reason: counted in the scenario's
+status and on /metrics, never lost silently). A judgment's report id is derived from what it
+judged (`judge_<record>` or `judge_<report>`), so a restarted worker never judges a turn twice.
 Never on the request path: this runs in the worker process (cli/worker.py).
+
+The default judge (`judge.method: likelihood`) reads with the served base model, loaded here
+(reef.verdicts); its probe is fitted on the shipped seed labels plus the scenario's turns that a
+person scored and that have a next state, and refitted as such labels arrive.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reef.errors import ReefError
 from reef.experience import completion_text, prompt_messages
@@ -29,7 +36,9 @@ from reef.judge import (
     Ask,
     Exchange,
     Judge,
+    TurnJudge,
     configured_judge,
+    dropped_report,
     is_judgment,
     judge_messages,
     judgment_report,
@@ -38,6 +47,9 @@ from reef.recipe import recipe_class
 from reef.records import Record, Report
 from reef.settings import Settings
 from reef.store.base import Store
+
+if TYPE_CHECKING:
+    from reef.verdicts import Labelled, Reader
 
 log = logging.getLogger("reef.judging")
 
@@ -51,12 +63,44 @@ def judging_enabled(settings: Settings) -> bool:
     return recipe_class(settings.reef.recipe).name == "openclaw"
 
 
-def build_judge(settings: Settings, scenario: str) -> Judge:
-    """The configured judge for `scenario`: a function, an endpoint, or the served head."""
+def build_judge(
+    settings: Settings, scenario: str, reader: Callable[[], Reader] | None = None
+) -> TurnJudge:
+    """The configured judge for `scenario`: a function, an endpoint, the likelihood judge on
+    the served base model (the default where the model's files are here), or the served head
+    generating its votes."""
     configured = configured_judge(settings.judge)
     if configured is not None:
         return configured
-    return Judge(_head_ask(settings, scenario), f"head:{scenario}", votes=settings.judge.votes)
+    j = settings.judge
+    if j.method == "likelihood" and settings.engine.kind != "upstream":
+        from reef.verdicts import LikelihoodJudge
+
+        read = (reader or (lambda: shared_reader(settings)))()
+        return LikelihoodJudge(
+            read,
+            f"likelihood:{read.model_dir.name}",
+            min_confidence=j.min_confidence,
+            hints=j.hints,
+        )
+    return Judge(_head_ask(settings, scenario), f"head:{scenario}", votes=j.votes)
+
+
+_READERS: dict[Path, Reader] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def shared_reader(settings: Settings) -> Reader:
+    """The base model's reader, loaded once per process (every scenario's judge shares it)."""
+    from reef.models import resolve_model
+    from reef.verdicts import Reader
+
+    model_dir = resolve_model(settings.engine.model, settings.engine.model_cache)
+    with _READERS_LOCK:
+        if model_dir not in _READERS:
+            log.info("loading %s to judge turns by likelihood", model_dir)
+            _READERS[model_dir] = Reader(model_dir)
+        return _READERS[model_dir]
 
 
 def _head_ask(settings: Settings, scenario: str) -> Ask:
@@ -105,6 +149,23 @@ class _ScenarioState:
     judged: set[str] = field(default_factory=set)  # judgment report ids seen or tried
     scored: set[str] = field(default_factory=set)  # records a human report scores
     waiting: dict[str, float] = field(default_factory=dict)  # tail record -> seen at (monotonic)
+    human: dict[str, float] = field(default_factory=dict)  # record -> a person's latest score
+    next_states: dict[str, tuple[str, str]] = field(default_factory=dict)  # record -> (role, text)
+    fitted_on: int = -1  # scenario labels the judge's probe was last fitted with
+
+
+# A person's score on a turn as a verdict the probe learns from: scores of 0.5 and above (a
+# thumbs-up on a 0/1 scale, anything positive on -1..1) are "good", 0 and below "bad"; the
+# scores in between say too little and are left out.
+def human_label(score: float) -> int | None:
+    if score >= 0.5:
+        return 1
+    if score <= 0.0:
+        return -1
+    return None
+
+
+REFIT_EVERY = 8  # new labelled turns of a scenario before its probe is fitted again
 
 
 class Judging:
@@ -114,14 +175,15 @@ class Judging:
         self,
         settings: Settings,
         store: Store,
-        judge_for: Callable[[str], Judge] | None = None,
+        judge_for: Callable[[str], TurnJudge] | None = None,
     ):
         self.settings = settings
         self.store = store
         self.judge_for = judge_for or (lambda scenario: build_judge(settings, scenario))
         self.counts: Counter[str] = Counter()
         self._state: dict[str, _ScenarioState] = {}
-        self._judges: dict[str, Judge] = {}
+        self._judges: dict[str, TurnJudge] = {}
+        self._seed: list[Labelled] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(
             settings.judge.concurrency, thread_name_prefix="reef-judge"
         )
@@ -152,6 +214,8 @@ class Judging:
                 continue
             if rep.score is not None:
                 st.scored.update(rep.references)
+                for rid in rep.references:
+                    st.human[rid] = rep.score
                 continue
             text = _feedback_text(rep)
             if not text:
@@ -181,6 +245,7 @@ class Judging:
             if role is None:
                 self.counts["no_next_state"] += 1  # a retry of the same request
                 continue
+            st.next_states[parent.id] = (role, text)
             out.append(Case(f"judge_{parent.id}", parent, role, text))
         return out
 
@@ -197,46 +262,121 @@ class Judging:
                 touched.add(scenario)
         return touched
 
-    def _judge_all(self, scenario: str, cases: list[Case]) -> int:
-        try:
-            judge = self._judges.get(scenario) or self.judge_for(scenario)
-        except ReefError as e:
-            log.error("%s: no judge: %s", scenario, e.message)
-            self.counts["judge_failed"] += len(cases)
-            return 0
-        self._judges[scenario] = judge
-        futures = [(c, self._pool.submit(judge.judge, c.exchange())) for c in cases]
-        stored = 0
-        deadline = self.settings.judge.timeout_s
-        for case, fut in futures:
+    def _judge(self, scenario: str) -> TurnJudge | None:
+        """The scenario's judge, built once, its probe fitted again when labels arrived."""
+        judge = self._judges.get(scenario)
+        if judge is None:
             try:
-                judgment = fut.result(timeout=deadline)
-            except concurrent.futures.TimeoutError:
-                fut.cancel()
-                self.counts["judge_timeout"] += 1
-                log.warning("%s: judging %s timed out", scenario, case.record.id)
-                continue
-            except Exception as e:
-                self.counts["judge_failed"] += 1
-                log.warning("%s: judging %s failed: %s", scenario, case.record.id, e)
-                continue
-            report = judgment_report(
-                scenario,
-                case.report_id,
-                case.record.id,
-                case.exchange(),
-                judgment,
-                judged_report_id=case.judged_report_id,
-            )
-            try:
-                self.store.add_report(report)
+                judge = self.judge_for(scenario)
             except ReefError as e:
-                self.counts["store_failed"] += 1
-                log.warning("%s: storing judgment %s failed: %s", scenario, report.id, e.message)
+                log.error("%s: no judge: %s", scenario, e.message)
+                return None
+            self._judges[scenario] = judge
+        st = self._state.setdefault(scenario, _ScenarioState())
+        labels = self.scenario_labels(st)
+        fit = getattr(judge, "fit", None)
+        if (
+            fit is not None
+            and self.settings.judge.probe
+            and (st.fitted_on < 0 or len(labels) >= st.fitted_on + REFIT_EVERY)
+        ):
+            seed = self._seed_labels()
+            fit(seed + labels)
+            st.fitted_on = len(labels)
+            log.info(
+                "%s: the judge's probe fitted on %d seed and %d scenario labels",
+                scenario,
+                len(seed),
+                len(labels),
+            )
+        return judge
+
+    def _seed_labels(self) -> list[Labelled]:
+        from reef.verdicts import seed_labels
+
+        if self._seed is None:
+            self._seed = seed_labels()
+        return self._seed
+
+    @staticmethod
+    def scenario_labels(st: _ScenarioState) -> list[Labelled]:
+        """The scenario's turns a person scored that also have a next state, as labels."""
+        from reef.verdicts import Labelled
+
+        out: list[Labelled] = []
+        for rid, (role, text) in st.next_states.items():
+            score = st.human.get(rid)
+            label = human_label(score) if score is not None else None
+            if label is not None:
+                out.append(Labelled(role, text, label))
+        return out
+
+    def _judge_all(self, scenario: str, cases: list[Case]) -> int:
+        judge = self._judge(scenario)
+        if judge is None:
+            self.counts["judge_failed"] += len(cases)
+            for case in cases:
+                self._store_drop(scenario, case, "no_judge", "-")
+            return 0
+        stored = 0
+        pending = [(c, self._pool.submit(judge.judge, c.exchange())) for c in cases]
+        for attempt in range(self.settings.judge.retries + 1):
+            failed: list[tuple[Case, str]] = []
+            for case, fut in pending:
+                try:
+                    judgment = fut.result(timeout=self.settings.judge.timeout_s)
+                except concurrent.futures.TimeoutError:
+                    fut.cancel()
+                    failed.append((case, "judge_timeout"))
+                    continue
+                except Exception as e:
+                    log.warning("%s: judging %s failed: %s", scenario, case.record.id, e)
+                    failed.append((case, "judge_failed"))
+                    continue
+                stored += self._store(
+                    scenario,
+                    judgment_report(
+                        scenario,
+                        case.report_id,
+                        case.record.id,
+                        case.exchange(),
+                        judgment,
+                        judged_report_id=case.judged_report_id,
+                    ),
+                )
+                self.counts["judged"] += 1
+            if not failed:
+                return stored
+            if attempt < self.settings.judge.retries:
+                self.counts["retried"] += len(failed)
+                pending = [(c, self._pool.submit(judge.judge, c.exchange())) for c, _ in failed]
                 continue
-            self.counts["judged"] += 1
-            stored += 1
+            for case, reason in failed:
+                self.counts[reason] += 1
+                log.warning("%s: judging %s dropped: %s", scenario, case.record.id, reason)
+                self._store_drop(scenario, case, reason, judge.identity)
         return stored
+
+    def _store_drop(self, scenario: str, case: Case, reason: str, identity: str) -> None:
+        report = dropped_report(
+            scenario,
+            case.report_id,
+            case.record.id,
+            case.exchange(),
+            identity,
+            reason,
+            judged_report_id=case.judged_report_id,
+        )
+        self._store(scenario, report)
+
+    def _store(self, scenario: str, report: Report) -> int:
+        try:
+            self.store.add_report(report)
+        except ReefError as e:
+            self.counts["store_failed"] += 1
+            log.warning("%s: storing judgment %s failed: %s", scenario, report.id, e.message)
+            return 0
+        return 1
 
     def run_forever(self, stop: threading.Event, on_judged: Callable[[str], None]) -> None:
         """Poll every `judge.poll_s` until `stop` is set; `on_judged(scenario)` after new

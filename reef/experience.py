@@ -112,6 +112,12 @@ def _pages_of_reports(store: Store, scenario: str, page_size: int) -> Iterator[l
     return _pages(store.list_reports, scenario, page_size)
 
 
+def reports_of(store: Store, scenario: str, page_size: int = PAGE_SIZE) -> Iterator[Report]:
+    """All reports of a scenario, oldest first."""
+    for page in _pages_of_reports(store, scenario, page_size):
+        yield from page
+
+
 def pages_of_records(
     store: Store, scenario: str, page_size: int = PAGE_SIZE
 ) -> Iterator[list[Record]]:
@@ -335,7 +341,8 @@ def collect(
             continue
         report, score = pick(reps, rule)
         if score is None or (isinstance(score, float) and math.isnan(score)):
-            dropped["no_score"] += 1
+            # a turn the judge could not judge says why (reef.judge.dropped_report)
+            dropped[str(report.metadata.get("dropped") or "no_score")] += 1
             continue
         if any(r.release_id not in seq_of for r in records):
             dropped["unknown_release"] += 1

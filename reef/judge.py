@@ -20,10 +20,11 @@ served head through the engine's admin generate route. Judging never runs on the
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from reef.errors import ConfigError, UpstreamError
 from reef.recipe import import_object
@@ -72,6 +73,18 @@ class Judgment:
     hint_votes: dict[str, int]  # hint answers by value
     raw: dict[str, list[str]] = field(default_factory=dict)  # task -> the m raw answers
     judge: str = ""  # the judge's identity (function path or endpoint + model)
+    # how sure the judge is of `verdict`, in [0, 1]: the verdict's probability (likelihood
+    # judges) or the share of all m votes that gave it (a void vote counts against)
+    confidence: float = 0.0
+    verdict: int | None = None  # what the judge concluded; `score` is 0 when below the bar
+    method: str = "generate"  # generate (m sampled answers) or likelihood (reef.verdicts)
+    tokens: int = 0  # tokens the judge read or wrote for this turn, where known
+    seconds: float = 0.0  # wall time of this turn's judging
+
+    @property
+    def void(self) -> bool:
+        """No valid verdict at all (every evaluate vote void)."""
+        return sum(self.votes.get(k, 0) for k in ("1", "0", "-1")) == 0
 
     @property
     def trains(self) -> bool:
@@ -151,6 +164,16 @@ def _text(content: Any) -> str:
 
 
 # judging -------------------------------------------------------------------------------------
+class TurnJudge(Protocol):
+    """What the worker asks of a judge: a judgment of one turn (reef.verdicts' likelihood
+    judge, or `Judge` below)."""
+
+    identity: str
+    method: str
+
+    def judge(self, exchange: Exchange) -> Judgment: ...
+
+
 class Judge:
     """Asks both questions `votes` times and applies the rules. `ask` may raise; the caller
     counts the turn as a judge failure (flows/judging.py)."""
@@ -163,19 +186,27 @@ class Judge:
         self.votes = votes
         self.max_hints = max_hints
 
+    method = "generate"
+
     def judge(self, exchange: Exchange) -> Judgment:
+        start = time.perf_counter()
         raw: dict[str, list[str]] = {
             task: [self.ask(task, exchange, i) for i in range(self.votes)] for task in TASKS
         }
         evaluate = [boxed(a) for a in raw["evaluate"]]
         hints = [hint_of(a) for a in raw["hint"]]
+        score = plurality(evaluate)
         return Judgment(
-            score=plurality(evaluate),
+            score=score,
             hints=hint_candidates(hints, self.max_hints),
             votes=_tally(evaluate),
             hint_votes=_tally([boxed(a) for a in raw["hint"]]),
             raw=raw,
             judge=self.identity,
+            confidence=sum(v == score for v in evaluate) / len(evaluate),
+            verdict=score,
+            method=self.method,
+            seconds=time.perf_counter() - start,
         )
 
     def evaluate(self, exchange: Exchange) -> int:
@@ -225,6 +256,11 @@ def judgment_report(
     metadata: dict[str, Any] = {
         "source": SOURCE,
         "judge": judgment.judge,
+        "method": judgment.method,
+        "confidence": round(judgment.confidence, 4),
+        "verdict": judgment.verdict,
+        "void": judgment.void,
+        "seconds": round(judgment.seconds, 4),
         "votes": judgment.votes,
         "hint_votes": judgment.hint_votes,
         "raw": judgment.raw,
@@ -245,6 +281,32 @@ def judgment_report(
             "hints": list(judgment.hints),
             "next_state": {"role": exchange.next_role, "content": exchange.next_text},
         },
+        metadata=metadata,
+    )
+
+
+def dropped_report(
+    scenario: str,
+    report_id: str,
+    record_id: str,
+    exchange: Exchange,
+    identity: str,
+    reason: str,
+    judged_report_id: str | None = None,
+) -> Report:
+    """What a turn the judge could not judge is stored as (after its retry): a judgment with no
+    score and the reason, so the drop is counted in the scenario's status and the turn is not
+    judged again by a restarted worker; it trains nothing."""
+    metadata: dict[str, Any] = {"source": SOURCE, "judge": identity, "dropped": reason}
+    if judged_report_id is not None:
+        metadata["judged_report_id"] = judged_report_id
+    return Report(
+        id=report_id,
+        scenario=scenario,
+        created_at=utcnow(),
+        references=(record_id,),
+        score=None,
+        feedback={"next_state": {"role": exchange.next_role, "content": exchange.next_text}},
         metadata=metadata,
     )
 
@@ -343,3 +405,94 @@ def endpoint_ask(
         return content if isinstance(content, str) else ""
 
     return ask
+
+
+# the judge's record ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class JudgeQuality:
+    """How a scenario's judge has done, from its stored judgments: how many turns it judged or
+    dropped (by reason), how many verdicts were void or under `judge.min_confidence`, its mean
+    confidence, and how often its verdict agreed with a person's score on the same turn."""
+
+    judged: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    void: int = 0
+    unsure: int = 0  # a verdict kept in the record but scored 0 (below min_confidence)
+    mean_confidence: float | None = None
+    compared: int = 0  # turns with both a verdict and a person's decisive score
+    agreed: int = 0
+    judges: tuple[str, ...] = ()  # the identities that judged
+
+    @property
+    def void_rate(self) -> float | None:
+        return self.void / self.judged if self.judged else None
+
+    @property
+    def agreement(self) -> float | None:
+        return self.agreed / self.compared if self.compared else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "judged": self.judged,
+            "dropped": dict(sorted(self.dropped.items())),
+            "void": self.void,
+            "void_rate": self.void_rate,
+            "unsure": self.unsure,
+            "mean_confidence": self.mean_confidence,
+            "compared_with_people": self.compared,
+            "agreement_with_people": self.agreement,
+            "judges": list(self.judges),
+        }
+
+
+def judge_quality(reports: Iterable[Report]) -> JudgeQuality:
+    """The JudgeQuality of a scenario's reports (all of them, in any order). A person's score
+    of 0.5 or more agrees with a verdict of +1, of 0 or less with -1; a verdict of 0 and scores
+    in between are not compared."""
+    verdicts: dict[str, int] = {}
+    people: dict[str, tuple[Any, float]] = {}
+    dropped: Counter[str] = Counter()
+    confidences: list[float] = []
+    void = unsure = 0
+    judges: set[str] = set()
+    for rep in reports:
+        if not is_judgment(rep):
+            if rep.score is not None:
+                for rid in rep.references:
+                    if rid not in people or people[rid][0] <= rep.created_at:
+                        people[rid] = (rep.created_at, float(rep.score))
+            continue
+        md = rep.metadata
+        if md.get("dropped"):
+            dropped[str(md["dropped"])] += 1
+            continue
+        judges.add(str(md.get("judge", "")))
+        verdict = md.get("verdict")
+        verdict = int(verdict) if isinstance(verdict, (int, float)) else int(rep.score or 0)
+        void += bool(md.get("void", False))
+        confidence = md.get("confidence")
+        if isinstance(confidence, (int, float)):
+            confidences.append(float(confidence))
+        if verdict != 0 and rep.score == 0:
+            unsure += 1
+        for rid in rep.references[-1:]:  # the judged turn
+            verdicts[rid] = verdict
+    compared = agreed = 0
+    for rid, verdict in verdicts.items():
+        if rid not in people or verdict == 0:
+            continue
+        score = people[rid][1]
+        person = 1 if score >= 0.5 else -1 if score <= 0 else 0
+        if person:
+            compared += 1
+            agreed += person == verdict
+    return JudgeQuality(
+        judged=len(verdicts),
+        dropped=dict(dropped),
+        void=void,
+        unsure=unsure,
+        mean_confidence=sum(confidences) / len(confidences) if confidences else None,
+        compared=compared,
+        agreed=agreed,
+        judges=tuple(sorted(judges)),
+    )

@@ -6,7 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reef.experience import collect
+from reef.experience import collect, reports_of
+from reef.judge import JudgeQuality, judge_quality
 from reef.recipe import recipe_class
 from reef.samples import Kind, check_kind
 from reef.store.base import Store
@@ -28,6 +29,7 @@ class Readiness:
     dropped: Counter[str]
     awaiting_feedback: int
     last_materialization: dict[str, Any] | None
+    judge: JudgeQuality | None = None  # None: the scenario has no judgment yet
 
 
 def readiness(
@@ -52,7 +54,10 @@ def readiness(
         from reef.datasets import last_materialization
 
         last = last_materialization(artifacts, scenario)
+    quality = judge_quality(reports_of(store, scenario))
+    judged = quality.judged or quality.dropped
     return Readiness(
+        judge=quality if judged else None,
         scenario=scenario,
         kind=kind,
         eligible=len(exp.samples),

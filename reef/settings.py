@@ -502,6 +502,35 @@ class JudgeSettings(_Section):
     url: str | None = Field(None, description="an OpenAI-compatible judge's base URL (/v1)")
     model: str | None = Field(None, description="the model name sent to `url`")
     api_key: SecretStr | None = Field(None, description="the key for `url` (REEF_JUDGE__API_KEY)")
+    method: Literal["likelihood", "generate"] = Field(
+        "likelihood",
+        description="likelihood: the served base model reads the reaction once and the verdict "
+        "is the likeliest label, calibrated by a probe (reef.verdicts; needs the model's files, "
+        "so not in upstream mode); generate: m sampled answers per question ending in "
+        "\\boxed{v} (judge.url and judge.function always generate)",
+    )
+    min_confidence: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="a verdict less sure than this is stored but scores 0 and trains nothing",
+    )
+    hints: Literal["reaction", "none"] = Field(
+        "reaction",
+        description="likelihood judges: the hint of a negative verdict on a user's reaction "
+        "longer than 10 characters is the reaction itself (reaction), or there is none",
+    )
+    probe: bool = Field(
+        True,
+        description="likelihood judges: calibrate with a probe fitted on the shipped seed "
+        "labels plus the scenario's turns that a person scored and that have a next state",
+    )
+    retries: int = Field(
+        1,
+        ge=0,
+        description="a judging that fails or times out is tried again this often, then "
+        "stored as a drop with its reason (scenario status, /metrics)",
+    )
     votes: int = Field(3, ge=1, description="m: answers per question, plurality wins")
     temperature: float = Field(0.6, ge=0.0)
     max_tokens: int = Field(512, ge=1)

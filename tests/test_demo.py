@@ -125,3 +125,21 @@ def test_demo_learns_the_preference(tmp_path: Path) -> None:
     history = client.get_metric_history(demo_run.info.run_id, "pass_rate")
     assert [m.step for m in history] == [s.round for s in steps]
     assert "learning-curve.png" in [a.path for a in client.list_artifacts(demo_run.info.run_id)]
+
+
+def test_the_reactions_user_words_reactions_several_ways_and_the_demo_uses_the_shipped_judge() -> (
+    None
+):
+    from demo.reactions import COMPLAINTS, THANKS_ALL, react
+    from demo.reactions_run import config
+
+    long = "First sentence here. And a second one, which makes it too long for the user."
+    wordings = {react(long + " " + str(i)) for i in range(40)}
+    assert wordings <= set(COMPLAINTS) and len(wordings) >= 3
+    assert react("Cairo.") in THANKS_ALL
+    assert react(long) == react(long)  # the same reply draws the same words
+    shipped = config(8, None, 4, "shipped", "default")
+    assert "function" not in shipped["judge"] and "gate" not in shipped  # Reef's defaults
+    rule = config(8, None, 4, "rule", "always")
+    assert rule["judge"]["function"] == "demo.reactions:rule_judge"
+    assert rule["gate"] == {"policy": "always"}

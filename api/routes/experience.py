@@ -29,6 +29,13 @@ class StatusOut(BaseModel):
         description="the scenario's latest dataset snapshot (uri: admins only, content_hash, "
         "kind, rows, created_at)"
     )
+    judge: dict[str, Any] | None = Field(
+        None,
+        description="the judge's record on this scenario (null before its first judgment): "
+        "turns judged, dropped by reason, void verdicts and their rate, verdicts under "
+        "judge.min_confidence (unsure), mean confidence, and agreement with people's scores "
+        "on the same turns",
+    )
 
 
 @router.get(
@@ -57,4 +64,5 @@ async def scenario_status(
         dropped=dict(sorted(r.dropped.items())),
         awaiting_feedback=r.awaiting_feedback,
         last_materialization=last,
+        judge=r.judge.as_dict() if r.judge is not None else None,
     )

@@ -12,12 +12,13 @@ import httpx
 import openai
 import pytest
 
-from flows.judging import Judging, build_judge
+from flows.judging import Judging, build_judge, human_label
 from reef.experience import collect
 from reef.export import export
-from reef.judge import Exchange
+from reef.judge import Exchange, judge_quality
 from reef.settings import JudgeSettings, Settings
 from reef.store.sql import open_store
+from reef.verdicts import LikelihoodJudge
 from tests.reefserver import InProcessReef
 
 SCENARIO = "reactions"
@@ -178,15 +179,130 @@ def test_reefs_own_v1_as_the_judge_endpoint(srv: InProcessReef) -> None:
         store.close()
 
 
-def test_a_failing_judge_is_a_counted_drop(srv: InProcessReef) -> None:
+def test_a_failing_judge_is_retried_then_stored_as_a_drop_with_its_reason(
+    srv: InProcessReef,
+) -> None:
     scenario = "reactions-down"
-    _traffic(srv, scenario)
+    ids = _traffic(srv, scenario)
     settings = _settings(srv, url="http://127.0.0.1:9/v1", model="none", timeout_s=5)
     store = open_store(settings.database_url)
     judging = Judging(settings, store)
     try:
         assert judging.run_pass([scenario]) == set()
+        assert judging.counts["retried"] == 3  # judge.retries: 1
         assert judging.counts["judge_failed"] == 3 and judging.counts["judged"] == 0
+        drop = store.get_report(scenario, f"judge_{ids['complained']}")
+        assert drop.score is None
+        assert drop.metadata["dropped"] == "judge_failed" and drop.metadata["source"] == "judge"
+        # never lost silently: the scenario's status counts each drop with its reason
+        status = httpx.get(f"{srv.url}/reef/scenarios/{scenario}/status").json()
+        assert status["judge"]["dropped"] == {"judge_failed": 3}
+        assert status["dropped"]["judge_failed"] >= 1
+        # a restarted worker does not judge the dropped turns again
+        again = Judging(settings, store)
+        try:
+            again.run_pass([scenario])
+            assert again.counts["judge_failed"] == 0 and again.counts["retried"] == 0
+        finally:
+            again.close()
     finally:
         judging.close()
         store.close()
+
+
+def test_the_default_judge_reads_by_likelihood_on_the_served_model(srv: InProcessReef) -> None:
+    scenario = "reactions-default"
+    ids = _traffic(srv, scenario)
+    settings = _settings(srv)  # the shipped defaults: method likelihood, probe on
+    judge = build_judge(settings, scenario)
+    assert isinstance(judge, LikelihoodJudge)
+    store = open_store(settings.database_url)
+    judging = Judging(settings, store)
+    try:
+        assert judging.run_pass([scenario]) == {scenario}
+        assert judging.counts["judged"] == 3
+        report = store.get_report(scenario, f"judge_{ids['complained']}")
+        md = report.metadata
+        assert md["method"] == "likelihood" and md["void"] is False
+        assert md["judge"].startswith("likelihood:")
+        assert 0.0 < md["confidence"] <= 1.0 and md["verdict"] in (-1, 0, 1)
+        assert report.score == md["verdict"]  # min_confidence 0: every verdict counts
+
+        # a person scores a judged turn afterwards: the status compares them
+        r = httpx.post(
+            f"{srv.url}/reef/report",
+            headers={"x-reef-scenario": scenario},
+            json={"score": 0.0, "references": [ids["complained"]]},
+        )
+        assert r.status_code == 201
+        status = httpx.get(f"{srv.url}/reef/scenarios/{scenario}/status").json()
+        quality = status["judge"]
+        assert quality["judged"] == 3 and quality["void_rate"] == 0.0
+        assert quality["dropped"] == {}
+        assert quality["judges"] == [md["judge"]]
+        compared = 1 if md["verdict"] != 0 else 0
+        assert quality["compared_with_people"] == compared
+        if compared:
+            assert quality["agreement_with_people"] == (1.0 if md["verdict"] == -1 else 0.0)
+    finally:
+        judging.close()
+        store.close()
+
+
+def test_judge_quality_counts_void_unsure_drops_and_agreement_with_people() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from reef.records import Report
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def judgment(rid: str, verdict: int, score: float | None, **md: Any) -> Report:
+        meta = {"source": "judge", "judge": "likelihood:m", "verdict": verdict, **md}
+        return Report(
+            id=f"judge_{rid}",
+            scenario="s",
+            created_at=t0,
+            references=(rid,),
+            score=score,
+            feedback=None,
+            metadata=meta,
+        )
+
+    def person(rid: str, score: float, minutes: int = 1) -> Report:
+        return Report(
+            id=f"p_{rid}_{minutes}",
+            scenario="s",
+            created_at=t0 + timedelta(minutes=minutes),
+            references=(rid,),
+            score=score,
+            feedback=None,
+            metadata={},
+        )
+
+    reports = [
+        judgment("a", 1, 1.0, confidence=0.9),
+        judgment("b", -1, -1.0, confidence=0.7),
+        judgment("c", -1, 0.0, confidence=0.4),  # under min_confidence: unsure
+        judgment("d", 0, 0.0, void=True, confidence=0.0),
+        Report(
+            id="judge_e",
+            scenario="s",
+            created_at=t0,
+            references=("e",),
+            score=None,
+            feedback=None,
+            metadata={"source": "judge", "dropped": "judge_timeout"},
+        ),
+        person("a", 1.0),  # agrees
+        person("b", 0.0, 1),
+        person("b", 1.0, 2),  # the latest word counts: disagrees
+        person("c", 0.25),  # in between: not compared
+        person("d", 0.0),  # the verdict 0 is not compared
+    ]
+    q = judge_quality(reports)
+    assert q.judged == 4 and q.void == 1 and q.void_rate == 0.25 and q.unsure == 1
+    assert q.dropped == {"judge_timeout": 1}
+    assert q.compared == 2 and q.agreed == 1 and q.agreement == 0.5
+    assert q.mean_confidence == pytest.approx((0.9 + 0.7 + 0.4 + 0.0) / 4)
+    assert q.judges == ("likelihood:m",)
+    assert [human_label(s) for s in (1.0, 0.5, 0.3, 0.0, -1.0)] == [1, 1, None, -1, -1]
