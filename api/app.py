@@ -37,6 +37,7 @@ from api.routes import rollouts as rollout_routes
 from api.services import LocalEngine, Services
 from deploy.chain import ReleaseChain
 from deploy.engine import Fleet, engines_for
+from reef import evaluation_pool
 from reef.artifacts import artifacts_for
 from reef.engines.base import Deployable, Engine
 from reef.harness import HarnessCache
@@ -209,7 +210,11 @@ def create_app(
     app.state.services = svc
     metrics.registry.register(
         ReadinessCollector(
-            store, settings.reef, artifacts, scenario_labels=settings.server.scenario_labels
+            store,
+            settings.reef,
+            artifacts,
+            scenario_labels=settings.server.scenario_labels,
+            holdout=evaluation_pool.fraction(settings),
         )
     )
     errors.install(app)

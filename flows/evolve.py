@@ -20,11 +20,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows import harness, weights
-from flows.experience import consume, materialize_snapshot, validate_snapshot
+from flows.experience import consume, evaluation_samples, materialize_snapshot, validate_snapshot
 from flows.release import release
 from recipes.harness.recipe import HarnessRecipe
+from reef import evaluation_pool
 from reef.artifacts import artifacts_for
-from reef.datasets import load, split
+from reef.datasets import load
 from reef.gate import Decision
 from reef.recipe import WeightsRecipe, load_recipe
 from reef.records import Candidate, new_id
@@ -108,10 +109,27 @@ def evolve(
             "batch_size": loop.batch_size,
             "reason": selection.waiting,
         }
-    rows = list(selection.rows)
-    whole = selection.whole or settings.gate.policy == "always"
-    holdout = 0.0 if whole else settings.gate.holdout
-    train_rows, held_out = split(rows, holdout)
+    # Evaluation samples never train; the gate scores the scenario's pool of them, gathered
+    # across rounds (reef.evaluation_pool), not just this batch's.
+    share = 0.0 if selection.whole else evaluation_pool.fraction(settings)
+    train_rows, _ = evaluation_pool.split(selection.rows, share)
+    if len(train_rows) < loop.batch_size and not (force and train_rows):
+        logger.info("%s: %d training samples of %d", scenario, len(train_rows), loop.batch_size)
+        return {"status": "not_ready", "eligible": len(train_rows), "batch_size": loop.batch_size}
+    held_out = (
+        evaluation_samples(
+            settings.database_url,
+            scenario,
+            recipe.kind,
+            recipe=loop.recipe,
+            share=share,
+            max_n=settings.gate.pool_max,
+            max_age_s=settings.gate.pool_max_age_s,
+            rule=recipe.report_rule,
+        )
+        if share
+        else []
+    )
     trained_ids = {r["sample_id"] for r in train_rows}
 
     experiment = registry.ensure_experiment(
