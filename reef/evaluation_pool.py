@@ -86,7 +86,7 @@ def _row_content(row: Row) -> str:
 
 def held_out(sample: Sample, share: float) -> bool:
     """Whether `sample` is an evaluation sample when `share` of samples are."""
-    return _in_share(_sample_content(sample), share)
+    return share > 0 and _in_share(_sample_content(sample), share)
 
 
 def split(rows: Sequence[Row], share: float) -> tuple[list[Row], list[Row]]:
@@ -94,7 +94,7 @@ def split(rows: Sequence[Row], share: float) -> tuple[list[Row], list[Row]]:
     train: list[Row] = []
     evaluation: list[Row] = []
     for row in rows:
-        (evaluation if _in_share(_row_content(row), share) else train).append(row)
+        (evaluation if share > 0 and _in_share(_row_content(row), share) else train).append(row)
     return train, evaluation
 
 
