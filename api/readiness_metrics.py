@@ -38,12 +38,14 @@ class ReadinessCollector(Collector):
         artifacts: ArtifactStore,
         interval_s: float = 15.0,
         scenario_labels: bool = True,
+        holdout: float = 0.0,
     ):
         self.store = store
         self.loop = loop
         self.artifacts = artifacts
         self.interval_s = interval_s
         self.scenario_labels = scenario_labels
+        self.holdout = holdout  # the share of evaluation samples, which never count (readiness)
         self._lock = threading.Lock()
         self._refreshing = False
         self._at = float("-inf")
@@ -60,7 +62,9 @@ class ReadinessCollector(Collector):
         """Recompute now (in the calling thread)."""
         try:
             values = [
-                readiness(self.store, s.name, self.loop, artifacts=self.artifacts)
+                readiness(
+                    self.store, s.name, self.loop, artifacts=self.artifacts, holdout=self.holdout
+                )
                 for s in self.store.list_scenarios()
             ]
         except Exception:

@@ -21,6 +21,7 @@ from api.readiness_metrics import ReadinessCollector
 from api.rollouts import watcher as rollout_watcher
 from deploy.chain import ReleaseChain
 from deploy.engine import EngineTarget, Fleet, engines_for
+from reef import evaluation_pool
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.background import BackgroundTask
 from reef.engines.base import Deployable, Engine
@@ -119,7 +120,11 @@ class Services:
         engines = engines_for(settings, (settings.server_url, local), store)
         chain = ReleaseChain(settings, store, artifacts, engines, harnesses)
         readiness = ReadinessCollector(
-            store, settings.reef, artifacts, scenario_labels=settings.server.scenario_labels
+            store,
+            settings.reef,
+            artifacts,
+            scenario_labels=settings.server.scenario_labels,
+            holdout=evaluation_pool.fraction(settings),
         )
         metrics.registry.register(readiness)
         heartbeat = None

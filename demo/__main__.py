@@ -39,7 +39,8 @@ BATCH = 8
 # the previous release's adapter on fresh corrections) and lr 3e-4 instead of 1e-3: at 1e-3 (or
 # 5e-4) round 1's candidate answers 6-7 of 16 held-out questions right against the base's 11
 # and the correctness guard refuses it; at 3e-4 it is 8/16 with 14/16 short, which the guard
-# lets through, though only just (measured offline and in `make demo`, 2026-12-02).
+# let through only while it asked whether the drop was significant (measured offline and in
+# `make demo`, 2026-12-02); as a non-inferiority test it refuses that too (docs/demo.md).
 RECIPE_PARAMS = {
     "epochs": 4,
     "batch_size": 4,
@@ -72,7 +73,7 @@ def config(params: dict, guard: dict | None = None, max_tokens: int = 24) -> dic
         # the OMP_NUM_THREADS the evolve worker gets, see `run`).
         "engine": {"max_batch_size": len(HELD_OUT), "threads": os.cpu_count() or 1},
         # `always`: every candidate becomes a release (the demo measures it on held-out
-        # questions itself); `improve` would hold out 2 of 8 samples and gate on them.
+        # questions itself); `improve` would gate on the evaluation pool, a few samples at first.
         "reef": {"recipe": "sft", "batch_size": BATCH, "params": params},
         "gate": gate,
     }

@@ -26,11 +26,12 @@ from typing import Any, cast
 from prefect import flow, get_run_logger
 
 from flows import harness, weights
-from flows.experience import consume, materialize_snapshot, validate_snapshot
+from flows.experience import consume, evaluation_samples, materialize_snapshot, validate_snapshot
 from flows.release import Registered, release
 from recipes.harness.recipe import HarnessRecipe
+from reef import evaluation_pool
 from reef.artifacts import artifacts_for
-from reef.datasets import Snapshot, load, split
+from reef.datasets import Snapshot, load
 from reef.errors import NothingToTrain
 from reef.experience import Experience
 from reef.recipe import Recipe, WeightsRecipe, load_recipe
@@ -171,10 +172,29 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
     if selection.waiting is not None:
         get_run_logger().info("%s: %s", run.scenario, selection.waiting)
         return NotReady(snapshot.rows, loop.batch_size, selection.waiting)
-    rows = list(selection.rows)
-    whole = selection.whole or settings.gate.policy == "always"
-    holdout = 0.0 if whole else settings.gate.holdout
-    train_rows, held_out = split(rows, holdout)
+    # Evaluation samples never train; the gate scores the scenario's pool of them, gathered
+    # across rounds (reef.evaluation_pool), not just this batch's.
+    share = 0.0 if selection.whole else evaluation_pool.fraction(settings)
+    train_rows, _ = evaluation_pool.split(selection.rows, share)
+    if len(train_rows) < loop.batch_size and not (force and train_rows):
+        get_run_logger().info(
+            "%s: %d training samples of %d", run.scenario, len(train_rows), loop.batch_size
+        )
+        return NotReady(len(train_rows), loop.batch_size, None)
+    held_out = (
+        evaluation_samples(
+            settings.database_url,
+            run.scenario,
+            recipe.kind,
+            recipe=loop.recipe,
+            share=share,
+            max_n=settings.gate.pool_max,
+            max_age_s=settings.gate.pool_max_age_s,
+            rule=recipe.report_rule,
+        )
+        if share
+        else []
+    )
     return Batch(snapshot, experience, train_rows, held_out)
 
 

@@ -68,7 +68,8 @@ def consume(
     batch_id: str,
 ) -> int:
     """Consumption receipts for the samples a run trained on (accepted or not): late or repeated
-    feedback never trains them again for this recipe. Held-out samples stay eligible."""
+    feedback never trains them again for this recipe. Evaluation samples are never consumed
+    (reef.evaluation_pool)."""
     from reef.experience import consume as write_receipts
 
     store = open_store(database_url)
@@ -77,6 +78,30 @@ def consume(
         return write_receipts(store, experience.scenario, experience.recipe, samples, batch_id)
     finally:
         store.close()
+
+
+@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def evaluation_samples(
+    database_url: str,
+    scenario: str,
+    kind: str,
+    *,
+    recipe: str,
+    share: float,
+    max_n: int,
+    max_age_s: float,
+    rule: Rule = "latest",
+) -> list[dict[str, Any]]:
+    """The scenario's evaluation pool as dataset rows (reef.evaluation_pool): its evaluation
+    samples of any staleness, the newest `max_n` no older than `max_age_s`."""
+    from reef.evaluation_pool import pool
+
+    store = open_store(database_url)
+    try:
+        experience = collect(store, scenario, kind, recipe=recipe, max_staleness=None, rule=rule)
+    finally:
+        store.close()
+    return pool(experience, share, max_n=max_n, max_age_s=max_age_s)
 
 
 @flow(name="materialize-experience")

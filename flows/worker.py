@@ -32,12 +32,13 @@ def prefect_server() -> str | None:
 def ready(settings: Settings, scenario: str, kind: str) -> tuple[bool, int]:
     """Whether `scenario` has a batch ready for a recipe of experience `kind`, and how many
     eligible samples it has."""
+    from reef.evaluation_pool import fraction
     from reef.readiness import readiness
     from reef.store.sql import open_store
 
     store = open_store(settings.database_url)
     try:
-        r = readiness(store, scenario, settings.reef, kind)
+        r = readiness(store, scenario, settings.reef, kind, holdout=fraction(settings))
     finally:
         store.close()
     return r.ready, r.eligible

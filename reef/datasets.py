@@ -320,35 +320,12 @@ def last_materialization(artifacts: ArtifactStore, scenario: str) -> dict[str, A
     return data
 
 
-# holding out -----------------------------------------------------------------------------
-def _split_key(row: dict[str, Any]) -> str:
-    # By content (the prompt), not by the random ids: the same traffic always holds out the
-    # same prompts, so a rerun or a replay of the same experience is reproducible.
-    content = str(row.get("messages") or row["sample_id"]) + str(row.get("completion", ""))
-    return hashlib.sha256(content.encode()).hexdigest()
-
-
-def split(
-    rows: list[dict[str, Any]], holdout: float
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Deterministic train/held-out split: `holdout` of the rows (at least one, never all)."""
-    if holdout <= 0 or len(rows) < 2:
-        return rows, []
-    ranked = sorted(rows, key=_split_key)
-    n = min(len(rows) - 1, max(1, round(holdout * len(rows))))
-    held = {r["sample_id"] for r in ranked[:n]}
-    return [r for r in rows if r["sample_id"] not in held], [
-        r for r in rows if r["sample_id"] in held
-    ]
-
-
 __all__ = [
     "SCHEMAS",
     "Kind",
     "Snapshot",
     "load",
     "materialize",
-    "split",
     "table_hash",
     "to_table",
 ]

@@ -1,7 +1,9 @@
 """The gate: may a candidate replace the head? A pure function of paired evaluation scores.
 
-Both models are scored on the same evaluation samples (held-out reported samples, or a
-configured task set), so the comparison is paired: per sample d_i = candidate_i − head_i.
+Both models are scored on the same evaluation samples (the scenario's evaluation pool of
+reported samples no recipe ever trains on, reef.evaluation_pool; or a configured task set), so
+the comparison is paired: per sample d_i = candidate_i − head_i. Every reason states n, the
+number of pairs the verdict rests on.
 
 - "always": accept (the numbers are still computed and stored).
 - "manual": pending; a human decides (Prefect UI input, an MLflow tag, or `reef promote`).
@@ -15,11 +17,19 @@ configured task set), so the comparison is paired: per sample d_i = candidate_i 
 
 Guards (`gate.guards`) keep a candidate from improving one thing by breaking another: each is a
 fixed task set with its own scorer (exact answer, contains the answer, a verifier, a judge),
-answered by both models. A guard is broken when the candidate is significantly worse than the
-head there, by more than the guard's `max_drop`, under the same paired test at the same
-confidence (bootstrap: the one-sided upper bound of mean(d) is below −max_drop; sign: losses
-beyond −max_drop are significant and the mean drop exceeds max_drop). A broken guard rejects
-the candidate whatever the policy says, and the rejection names the guard.
+answered by both models. The burden of proof is on the candidate (a non-inferiority test): a
+guard holds only when the candidate is shown to be no worse than the head by more than the
+guard's `max_drop`, under the same paired test at the same confidence:
+    bootstrap: the one-sided lower confidence bound of mean(d) is at least −max_drop;
+    sign:      the pairs within the allowed drop (d_i ≥ −max_drop) outnumber the others
+               significantly (p ≤ 1 − confidence), and the mean change is at least −max_drop.
+Too little evidence is not evidence of safety: a drop that few tasks cannot tell from chance,
+a single task, or none at all leaves the guard "not shown safe". A guard not shown safe
+rejects the candidate whatever the policy says, and the rejection names the guard.
+
+Why "at least" and not "above" −max_drop: with max_drop 0, a candidate that answers every task
+exactly as the head does has a bound of exactly 0, and so does one that only gained; a strict
+inequality would refuse both, turning every guard into a demand to improve.
 """
 
 from __future__ import annotations
@@ -81,7 +91,7 @@ class Decision:
     margin: float = 0.0
     confidence: float = 0.0
     guards: tuple[GuardCheck, ...] = ()
-    broken_guard: str | None = None  # the first guard the candidate broke, when one did
+    broken_guard: str | None = None  # the first guard not shown safe, when one was not
 
     @property
     def accepted(self) -> bool:
@@ -106,7 +116,10 @@ class Decision:
 
 @dataclass(frozen=True)
 class GuardCheck:
-    """One guard's paired comparison: did the candidate get significantly worse on it?"""
+    """One guard's paired comparison: was the candidate shown to be no worse on it?
+
+    `broken` is True when it was not shown safe (a significant drop, or too little evidence
+    of none); the field keeps its stored name."""
 
     name: str
     broken: bool
@@ -116,10 +129,10 @@ class GuardCheck:
     mean_candidate: float | None = None
     mean_head: float | None = None
     mean_diff: float | None = None
-    ci_high: float | None = None  # one-sided upper bound of mean(d) at `confidence` (bootstrap)
-    p_value: float | None = None  # one-sided sign test for losses
-    wins: int = 0
-    losses: int = 0
+    ci_low: float | None = None  # one-sided lower bound of mean(d) at `confidence` (bootstrap)
+    p_value: float | None = None  # one-sided sign test: held tasks vs lost ones
+    wins: int = 0  # tasks within the allowed drop (d ≥ −max_drop)
+    losses: int = 0  # tasks that dropped by more (d < −max_drop)
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -136,41 +149,51 @@ def check_guard(
     max_drop: float,
     policy: GatePolicy,
 ) -> GuardCheck:
-    """Whether the candidate broke guard `name`: significantly worse than the head on its task
-    set by more than `max_drop`, under `policy`'s paired test and confidence."""
+    """Whether the candidate is shown safe on guard `name`: no worse than the head on its task
+    set by more than `max_drop`, under `policy`'s paired test and confidence. Anything short of
+    that evidence (few tasks, one, none) is "not shown safe" and counts as broken."""
     c, h = _paired(candidate, head)
     d = c - h
     n = len(d)
     if n == 0:
-        return GuardCheck(name, False, f"guard '{name}': no tasks scored", 0, max_drop)
-    wins = int((d > -max_drop).sum())
-    losses = int((d < -max_drop).sum())
+        reason = f"guard '{name}' not shown safe: n=0, no tasks scored"
+        return GuardCheck(name, True, reason, 0, max_drop)
+    wins = int((d >= -max_drop).sum())
+    losses = n - wins
     mean_diff = float(d.mean())
-    high = _bootstrap_high(d, policy)
-    p = _sign_p(losses, wins)
+    low = _bootstrap_low(d, policy)
+    p = _sign_p(wins, losses)
     if policy.test == "bootstrap":
-        # One pair cannot be resampled: a single task that got worse is judged on itself.
-        broken = (high if high is not None else mean_diff) < -max_drop
-        bound = f"{high:+.4g}" if high is not None else "n/a"
-        test = f"{policy.confidence:.0%} upper bound {bound}"
+        safe = low is not None and low >= -max_drop
+        if low is None:
+            evidence = f"n={n}, a bound needs at least 2 tasks"
+        else:
+            evidence = (
+                f"n={n}, {policy.confidence:.0%} lower bound {low:+.4g} "
+                f"{'≥' if safe else '<'} -max_drop = -{max_drop:g}"
+            )
     else:
-        broken = p <= 1 - policy.confidence and mean_diff < -max_drop
-        test = f"{losses} losses, sign-test p={p:.3g}"
-    verdict = "broken" if broken else "held"
+        safe = p <= 1 - policy.confidence and mean_diff >= -max_drop
+        evidence = (
+            f"n={n}, {wins} tasks within the allowed drop, {losses} beyond it: sign-test "
+            f"p={p:.3g} (need ≤ {1 - policy.confidence:.3g}), mean change {mean_diff:+.4g} "
+            f"(need ≥ -{max_drop:g})"
+        )
+    verdict = "shown safe" if safe else "not shown safe"
     reason = (
-        f"guard '{name}' {verdict}: mean {float(c.mean()):.3g} vs head {float(h.mean()):.3g}, "
-        f"change {mean_diff:+.4g}, {test}, allowed drop {max_drop:g} (n={n})"
+        f"guard '{name}' {verdict}: {evidence}; mean {float(c.mean()):.3g} vs head "
+        f"{float(h.mean()):.3g}, change {mean_diff:+.4g}"
     )
     return GuardCheck(
         name=name,
-        broken=bool(broken),
+        broken=not safe,
         reason=reason,
         n=n,
         max_drop=max_drop,
         mean_candidate=float(c.mean()),
         mean_head=float(h.mean()),
         mean_diff=mean_diff,
-        ci_high=high,
+        ci_low=low,
         p_value=p,
         wins=wins,
         losses=losses,
@@ -178,7 +201,8 @@ def check_guard(
 
 
 def with_guards(decision: Decision, checks: Sequence[GuardCheck]) -> Decision:
-    """The decision with its guards' results; the first broken guard rejects it, by name."""
+    """The decision with its guards' results; the first guard not shown safe rejects it, by
+    name."""
     if not checks:
         return decision
     broken = next((g for g in checks if g.broken), None)
@@ -231,11 +255,12 @@ def decide(candidate: Sequence[float], head: Sequence[float], policy: GatePolicy
             "p_value": _sign_p(wins, losses),
         }
     if policy.policy == "always":
-        return Decision(status="accepted", reason="policy 'always'", **numbers)
+        return Decision(status="accepted", reason=f"policy 'always' (n={n})", **numbers)
     if policy.policy == "manual":
-        return Decision(status="pending", reason="policy 'manual': waiting for approval", **numbers)
+        reason = f"policy 'manual': waiting for approval (n={n})"
+        return Decision(status="pending", reason=reason, **numbers)
     if n == 0:
-        return Decision(status="rejected", reason="no evaluation samples", **numbers)
+        return Decision(status="rejected", reason="no evaluation samples (n=0)", **numbers)
     mean_diff = numbers["mean_diff"]
     if policy.test == "bootstrap":
         low = numbers["ci_low"]
@@ -266,15 +291,6 @@ def _bootstrap_low(d: np.ndarray, policy: GatePolicy) -> float | None:
     idx = rng.integers(0, len(d), size=(policy.bootstrap_samples, len(d)))
     means = d[idx].mean(axis=1)
     return float(np.quantile(means, 1 - policy.confidence))
-
-
-def _bootstrap_high(d: np.ndarray, policy: GatePolicy) -> float | None:
-    """One-sided upper bound of mean(d) at `confidence` (the percentile bootstrap)."""
-    if len(d) < 2:
-        return None
-    rng = np.random.default_rng(policy.seed)
-    idx = rng.integers(0, len(d), size=(policy.bootstrap_samples, len(d)))
-    return float(np.quantile(d[idx].mean(axis=1), policy.confidence))
 
 
 def _sign_p(wins: int, losses: int) -> float:

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from reef.evaluation_pool import held_out
 from reef.experience import collect, reports_of
 from reef.judge import JudgeQuality, judge_quality
 from reef.recipe import recipe_class
@@ -39,8 +40,13 @@ def readiness(
     recipe_kind: str | None = None,
     *,
     artifacts: ArtifactStore | None = None,
+    holdout: float = 0.0,
 ) -> Readiness:
-    """How many samples wait for the loop's recipe vs its batch size. No side effects."""
+    """How many samples wait for the loop's recipe vs its batch size. No side effects.
+
+    `holdout` is the share of samples that are evaluation samples (reef.evaluation_pool:
+    `fraction(settings)`): they never train, so they count among the dropped, as "held_out",
+    not toward the batch."""
     kind = check_kind(recipe_kind or recipe_class(loop_settings.recipe).kind)
     exp = collect(
         store,
@@ -49,6 +55,10 @@ def readiness(
         recipe=loop_settings.recipe,
         max_staleness=loop_settings.max_staleness,
     )
+    dropped = Counter(exp.dropped)
+    trainable = [s for s in exp.samples if not held_out(s, holdout)]
+    if len(trainable) < len(exp.samples):
+        dropped["held_out"] = len(exp.samples) - len(trainable)
     last = None
     if artifacts is not None:
         from reef.datasets import last_materialization
@@ -60,10 +70,10 @@ def readiness(
         judge=quality if judged else None,
         scenario=scenario,
         kind=kind,
-        eligible=len(exp.samples),
+        eligible=len(trainable),
         batch_size=loop_settings.batch_size,
-        ready=len(exp.samples) >= loop_settings.batch_size,
-        dropped=exp.dropped,
+        ready=len(trainable) >= loop_settings.batch_size,
+        dropped=dropped,
         awaiting_feedback=exp.awaiting_feedback,
         last_materialization=last,
     )

@@ -28,6 +28,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{''.join(reversed(chars))}"
 
 
+def id_time(id_: str) -> datetime | None:
+    """When `new_id` made this id (to the millisecond); None for an id it did not make."""
+    _, sep, body = id_.rpartition("_")
+    if not sep or len(body) != 26:
+        return None
+    n = 0
+    for ch in body:
+        value = _CROCKFORD.find(ch)
+        if value < 0:
+            return None
+        n = n * 32 + value
+    try:
+        return datetime.fromtimestamp((n >> 80) / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

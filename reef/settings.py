@@ -436,7 +436,8 @@ class LoopSettings(_Section):
 
 
 class GuardSettings(_Section):
-    """A fixed task set the candidate must not get significantly worse on (reef.gate)."""
+    """A fixed task set on which the candidate must show it is no worse than the head, within
+    `max_drop` (reef.gate)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="named in a rejection")
     dataset: Path = Field(description="JSONL of {messages, answer?, ...} tasks")
@@ -444,7 +445,12 @@ class GuardSettings(_Section):
         "contains",
         description="exact | contains (the task's `answer` column) | pkg.module:function",
     )
-    max_drop: float = Field(0.0, ge=0.0, description="mean score drop allowed before it counts")
+    max_drop: float = Field(
+        0.0,
+        ge=0.0,
+        description="mean score drop allowed: the candidate must show its lower confidence "
+        "bound of the change is at least -max_drop",
+    )
 
     @field_validator("scorer")
     @classmethod
@@ -463,7 +469,19 @@ class GateSettings(_Section):
     test: Literal["bootstrap", "sign"] = "bootstrap"
     bootstrap_samples: int = Field(2000, ge=100)
     holdout: float = Field(
-        0.25, ge=0.0, lt=1.0, description="fraction of a batch held out to evaluate on"
+        0.25,
+        ge=0.0,
+        lt=1.0,
+        description="share of reported samples that are evaluation samples (chosen by a hash "
+        "of their content, for good): never trained on, pooled across rounds for the gate",
+    )
+    pool_max: int = Field(
+        64, ge=1, description="most evaluation samples the gate scores, the newest first"
+    )
+    pool_max_age_s: float = Field(
+        14 * 24 * 3600.0,
+        gt=0,
+        description="evaluation samples older than this (by their record's time) leave the pool",
     )
     eval_dataset: Path | None = Field(
         None, description="JSONL of {messages, ...} tasks scored by `scorer` instead of held-out"

@@ -10,14 +10,14 @@ from reef.gate import GatePolicy, decide
 
 def test_always_accepts_and_keeps_numbers() -> None:
     d = decide([0.1, 0.2], [0.3, 0.4], GatePolicy(policy="always"))
-    assert d.accepted and d.status == "accepted"
+    assert d.accepted and d.status == "accepted" and d.reason == "policy 'always' (n=2)"
     assert d.mean_diff == pytest.approx(-0.2)
     assert d.n == 2 and d.losses == 2
 
 
 def test_manual_is_pending() -> None:
     d = decide([1.0], [0.0], GatePolicy(policy="manual"))
-    assert d.status == "pending" and not d.accepted
+    assert d.status == "pending" and not d.accepted and d.reason.endswith("(n=1)")
 
 
 def test_improve_bootstrap_accepts_a_consistent_gain() -> None:
@@ -57,7 +57,7 @@ def test_sign_test() -> None:
 
 
 def test_improve_needs_samples() -> None:
-    assert decide([], [], GatePolicy(policy="improve")).reason == "no evaluation samples"
+    assert decide([], [], GatePolicy(policy="improve")).reason == "no evaluation samples (n=0)"
     one = decide([1.0], [0.0], GatePolicy(policy="improve"))
     assert not one.accepted and "at least 2" in one.reason
 
@@ -74,3 +74,23 @@ def test_deterministic_and_serializable() -> None:
     a, b = rng.normal(size=15), rng.normal(size=15)
     assert decide(a, b, GatePolicy()) == decide(a, b, GatePolicy())
     assert set(decide(a, b, GatePolicy()).metrics()) >= {"gate_mean_diff", "gate_ci_low", "gate_n"}
+
+
+def test_pooled_evidence_accepts_what_two_samples_cannot() -> None:
+    """A clearly better candidate, scored as the replay gate scores (signed mean log-probs):
+    the 2 samples one batch of 8 held out cannot show it; the pool of 24 gathered over rounds
+    does, and each reason says how many pairs it rests on."""
+    rng = np.random.default_rng(4)
+    head = rng.normal(-2.0, 0.5, 24)
+    cand = head + rng.normal(0.3, 0.4, 24)
+    cand[:2] = head[:2] + np.array([0.31, -0.02])  # the batch's own two: one gain, one wash
+    policy = GatePolicy(policy="improve")
+    two = decide(cand[:2], head[:2], policy)
+    assert not two.accepted and two.n == 2
+    assert two.ci_low is not None and two.ci_low <= 0
+    assert "≤ margin 0 (n=2)" in two.reason
+    pooled = decide(cand, head, policy)
+    assert pooled.accepted and pooled.n == 24, pooled.reason
+    assert "> margin 0 (n=24)" in pooled.reason
+    signed = decide(cand, head, GatePolicy(policy="improve", test="sign"))
+    assert signed.accepted and signed.reason.endswith("(n=24)")

@@ -1,10 +1,12 @@
-"""Guards at the gate: a candidate that improves the preference but gets significantly worse on
-a guard's task set is rejected, and the rejection names the guard."""
+"""Guards at the gate: a candidate must show it is no worse than the head on each guard's task
+set (within `max_drop`); one that gets worse, or that the tasks cannot show is not worse, is
+rejected whatever the policy, and the rejection names the guard."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from recipes.scorers import contains_answer, exact_answer, scorer_named
@@ -25,26 +27,67 @@ def test_contains_answer_is_whole_words_case_and_punctuation_aside() -> None:
 
 
 def test_a_significant_drop_breaks_the_guard() -> None:
-    # The demo's story: right on 12 of 16 questions before, 7 after, never better.
+    # Right on 12 of 16 questions before, 7 after, never better.
     head = [1.0] * 12 + [0.0] * 4
     cand = [1.0] * 7 + [0.0] * 9
     for test in ("bootstrap", "sign"):
         g = check_guard("correct", cand, head, 0.0, GatePolicy(test=test, confidence=0.9))
         assert g.broken, g.reason
-        assert g.losses == 5 and g.mean_diff == pytest.approx(-5 / 16)
-        assert "guard 'correct' broken" in g.reason
+        assert g.losses == 5 and g.wins == 11 and g.mean_diff == pytest.approx(-5 / 16)
+        assert g.reason.startswith("guard 'correct' not shown safe: n=16")
 
 
-def test_noise_and_an_allowed_drop_hold_the_guard() -> None:
+def test_the_demo_drop_is_not_shown_safe() -> None:
+    """`make demo`'s numbers: 11 of 16 reference answers right before, 8 after (4 lost, 1
+    won), no drop allowed. Testing for a significant drop let it through (the drop's upper
+    bound was exactly 0); the candidate has not shown it is no worse, so it is refused."""
+    head = [1.0] * 11 + [0.0] * 5
+    cand = [1.0] * 7 + [0.0] * 4 + [1.0] + [0.0] * 4
+    assert (sum(head), sum(cand)) == (11, 8)
+    policy = GatePolicy(test="bootstrap", confidence=0.9)
+    d = np.asarray(cand) - np.asarray(head)
+    resampled = d[np.random.default_rng(0).integers(0, 16, (2000, 16))].mean(axis=1)
+    assert np.quantile(resampled, 0.9) >= 0  # the old question: no significant drop
+    g = check_guard("correct", cand, head, 0.0, policy)
+    assert g.broken and g.n == 16 and g.losses == 4
+    assert g.ci_low is not None and g.ci_low < 0
+    assert g.reason.startswith(
+        f"guard 'correct' not shown safe: n=16, 90% lower bound {g.ci_low:+.4g} < -max_drop = -0"
+    )
+    sign = check_guard("correct", cand, head, 0.0, GatePolicy(test="sign"))
+    assert sign.broken and "not shown safe: n=16" in sign.reason
+    decision = with_guards(decide([1.0] * 8, [0.0] * 8, GatePolicy(policy="always")), [g])
+    assert decision.status == "rejected" and decision.broken_guard == "correct"
+    assert "n=16" in decision.reason and decision.reason.endswith("policy 'always' (n=8)")
+
+
+def test_too_little_evidence_is_not_shown_safe() -> None:
+    # One lost task in two, or one task, or none: nothing shows the candidate is no worse.
+    for cand, head in (([1.0, 0.0], [1.0, 1.0]), ([1.0], [1.0]), ([], [])):
+        for test in ("bootstrap", "sign"):
+            g = check_guard("c", cand, head, 0.1, GatePolicy(test=test))  # type: ignore[arg-type]
+            assert g.broken and f"not shown safe: n={len(cand)}" in g.reason, g.reason
+    # the same answers twice: the sign test cannot tell 2 tasks from chance
+    assert check_guard("c", [1.0, 1.0], [1.0, 1.0], 0.0, GatePolicy(test="sign")).broken
+
+
+def test_an_unchanged_guard_and_an_allowed_drop_are_shown_safe() -> None:
     head = [1.0, 0.0] * 8
-    swapped = [0.0, 1.0] * 7 + [0.0, 0.0]  # one net loss among many swaps: not significant
-    assert not check_guard("c", swapped, head, 0.0, GatePolicy()).broken
-    same = check_guard("c", head, head, 0.0, GatePolicy())
-    assert not same.broken and same.mean_diff == 0
-    # max_drop: a drop of 2/16 is allowed at 0.2; half the tasks lost is not
-    all_right = [1.0] * 16
-    assert not check_guard("c", [0.0] * 2 + [1.0] * 14, all_right, 0.2, GatePolicy()).broken
-    assert check_guard("c", [0.0] * 8 + [1.0] * 8, all_right, 0.2, GatePolicy()).broken
+    for test in ("bootstrap", "sign"):
+        same = check_guard("c", head, head, 0.0, GatePolicy(test=test))  # type: ignore[arg-type]
+        assert not same.broken and same.mean_diff == 0, same.reason
+        assert same.reason.startswith("guard 'c' shown safe: n=16")
+    # gains only: the bound is 0 with max_drop 0, and that is enough
+    gained = check_guard("c", [1.0] * 16, head, 0.0, GatePolicy())
+    assert not gained.broken and gained.ci_low is not None and gained.ci_low > 0
+    # swaps that cost one answer net: not shown safe with no drop allowed
+    swapped = [0.0, 1.0] * 7 + [0.0, 0.0]
+    assert check_guard("c", swapped, head, 0.0, GatePolicy()).broken
+    # max_drop 0.2: 4 of 64 lost is shown within it; half of 16 lost is not
+    all_right = [1.0] * 64
+    few_lost = check_guard("c", [0.0] * 4 + [1.0] * 60, all_right, 0.2, GatePolicy())
+    assert not few_lost.broken and few_lost.ci_low is not None and few_lost.ci_low >= -0.2
+    assert check_guard("c", [0.0] * 8 + [1.0] * 8, [1.0] * 16, 0.2, GatePolicy()).broken
 
 
 def test_a_broken_guard_rejects_whatever_the_policy_and_names_itself() -> None:
@@ -54,7 +97,7 @@ def test_a_broken_guard_rejects_whatever_the_policy_and_names_itself() -> None:
         preferred = decide([1.0] * 8, [0.0] * 8, GatePolicy(policy=policy))  # type: ignore[arg-type]
         d = with_guards(preferred, [held, broken])
         assert d.status == "rejected" and d.broken_guard == "correct"
-        assert d.reason.startswith("guard 'correct' broken")
+        assert d.reason.startswith("guard 'correct' not shown safe: n=8")
         assert [g.name for g in d.guards] == ["style", "correct"]
     kept = with_guards(decide([1.0] * 8, [0.0] * 8, GatePolicy()), [held])
     assert kept.accepted and kept.broken_guard is None

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from api.services import caller
+from reef import evaluation_pool
 from reef.readiness import readiness
 from reef.samples import KINDS
 
@@ -50,7 +51,15 @@ async def scenario_status(
 ) -> StatusOut:
     svc, principal, name = caller(request, scenario)
     loop = svc.settings.reef
-    r = await asyncio.to_thread(readiness, svc.store, name, loop, kind, artifacts=svc.artifacts)
+    r = await asyncio.to_thread(
+        readiness,
+        svc.store,
+        name,
+        loop,
+        kind,
+        artifacts=svc.artifacts,
+        holdout=evaluation_pool.fraction(svc.settings),
+    )
     last = r.last_materialization
     if last is not None and not principal.admin:  # where the server keeps files: admins only
         last = {k: v for k, v in last.items() if k != "uri"}

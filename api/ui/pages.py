@@ -37,6 +37,7 @@ from api.ui.signin import (
     sign_out,
     viewer,
 )
+from reef import evaluation_pool
 from reef.errors import BadRequest, NotFound, ReefError, ServiceUnavailable
 from reef.figures import load_figures
 from reef.readiness import Readiness
@@ -208,7 +209,8 @@ async def readiness(request: Request, scenario: str) -> Response:
     if cached is not None and time.monotonic() - cached[0] < READINESS_TTL_S:
         r = cached[1]
     else:
-        r = await _call(compute_readiness, svc.store, name, svc.settings.reef)
+        holdout = evaluation_pool.fraction(svc.settings)
+        r = await _call(compute_readiness, svc.store, name, svc.settings.reef, holdout=holdout)
         recent[name] = (time.monotonic(), r)
     return _render(request, "readiness.html", who, r=r)
 

@@ -44,7 +44,10 @@ def _scrape_until(server: InProcessReef, line: str, **kwargs: object) -> str:
 
 def test_metrics_token_required_and_scenarios_named(tmp_path: Path) -> None:
     config = tmp_path / "serve.yaml"
-    config.write_text(f"server:\n  metrics_token: {TOKEN}\nreef:\n  batch_size: 1\n")
+    # every report counts toward the batch: none is held out for the gate
+    config.write_text(
+        f"server:\n  metrics_token: {TOKEN}\nreef:\n  batch_size: 1\ngate:\n  holdout: 0.0\n"
+    )
     scenario = f"m-{uuid.uuid4().hex[:8]}"
     with InProcessReef(tmp_path / "state", config=config) as server:
         _traffic(server, scenario)
@@ -65,7 +68,7 @@ def test_metrics_token_required_and_scenarios_named(tmp_path: Path) -> None:
 
 def test_open_metrics_name_no_scenario(tmp_path: Path) -> None:
     config = tmp_path / "serve.yaml"
-    config.write_text("reef:\n  batch_size: 1\n")
+    config.write_text("reef:\n  batch_size: 1\ngate:\n  holdout: 0.0\n")
     scenarios = [f"m-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     with InProcessReef(tmp_path / "state", config=config) as server:
         for scenario in scenarios:

@@ -26,7 +26,8 @@ def _overrides(srv: InProcessReef) -> dict:
         "server": {"state_dir": str(srv.state_dir), "port": srv.port},
         "engine": {"model": "tiny"},
         "reef": {"recipe": "sft", "batch_size": 24, "params": {"epochs": 4}},
-        "gate": {"policy": "improve", "holdout": 1 / 3, "confidence": 0.95},
+        # the default share of evaluation samples, as the server counts them in its status
+        "gate": {"policy": "improve", "confidence": 0.95},
     }
 
 
@@ -44,6 +45,10 @@ def _traffic(srv: InProcessReef, scenario: str, report: Report) -> None:
     )
 
 
+def _status(srv: InProcessReef, scenario: str) -> dict:
+    return httpx.get(f"{srv.url}/reef/scenarios/{scenario}/status").json()
+
+
 def _chain(srv: InProcessReef, scenario: str) -> list[dict]:
     return httpx.get(f"{srv.url}/reef/scenarios/{scenario}/releases").json()["data"]
 
@@ -56,11 +61,13 @@ def test_random_scores_are_rejected(server: InProcessReef, prefect_server: None)
     rng.shuffle(scores)
     _traffic(server, "noise", lambda i, rid: {"score": scores[i]})
     before = _chain(server, "noise")
-    result = evolve("noise", overrides=_overrides(server))
+    held = _status(server, "noise")["dropped"]["held_out"]  # the evaluation samples
+    result = evolve("noise", overrides=_overrides(server), force=True)
     assert result["status"] == "rejected", result
     gate = result["gate"]
-    assert gate["status"] == "rejected" and gate["n"] == 8
+    assert gate["status"] == "rejected" and gate["n"] == held >= 2
     assert gate["ci_low"] is not None and gate["ci_low"] <= 0
+    assert gate["reason"].endswith(f"(n={held})")
     assert _chain(server, "noise") == before  # the head did not move
     cands = httpx.get(f"{server.url}/reef/scenarios/noise/candidates").json()["data"]
     assert [c["status"] for c in cands] == ["rejected"]
@@ -74,7 +81,7 @@ def test_consistent_preference_is_accepted(server: InProcessReef, prefect_server
     # The user always wanted the answer "yes": every report corrects to it.
     _traffic(server, "pref", lambda i, rid: {"score": 0.0, "feedback": {"correction": "yes"}})
     base = _chain(server, "pref")[0]
-    result = evolve("pref", overrides=_overrides(server))
+    result = evolve("pref", overrides=_overrides(server), force=True)
     assert result["status"] == "published", result
     gate = result["gate"]
     assert gate["status"] == "accepted" and gate["mean_diff"] > 0 and gate["ci_low"] > 0
@@ -101,8 +108,12 @@ def test_a_batch_with_nothing_to_learn_is_consumed(
 
     _traffic(server, "zeros", lambda i, rid: {"score": 0.0})
     before = _chain(server, "zeros")
-    result = evolve("zeros", overrides=_overrides(server))
+    held = _status(server, "zeros")["dropped"]["held_out"]
+    result = evolve("zeros", overrides=_overrides(server), force=True)
     assert result["status"] == "nothing_to_train" and "threshold" in result["reason"]
     assert _chain(server, "zeros") == before
-    status = httpx.get(f"{server.url}/reef/scenarios/zeros/status").json()
-    assert status["eligible"] == 8  # the held-out third stays eligible; the rest is consumed
+    # the training samples are consumed; the evaluation samples stay, never counted toward a
+    # batch: nothing is eligible to train
+    status = _status(server, "zeros")
+    assert status["eligible"] == 0 and held > 0
+    assert status["dropped"] == {"consumed": 24 - held, "held_out": held}

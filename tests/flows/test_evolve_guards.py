@@ -74,7 +74,9 @@ def test_a_candidate_that_breaks_a_guard_is_rejected_by_name(
     result = evolve("guarded", overrides=overrides)
     gate = result["gate"]
     assert result["status"] == "rejected", gate
-    assert gate["broken_guard"] == "no-yes" and gate["reason"].startswith("guard 'no-yes' broken")
+    assert gate["broken_guard"] == "no-yes" and gate["reason"].startswith(
+        "guard 'no-yes' not shown safe"
+    )
     (guard,) = gate["guards"]
     assert guard["mean_head"] == 1.0 and guard["mean_candidate"] < 1.0 and guard["n"] == 12
     assert httpx.get(f"{server.url}/reef/scenarios/guarded/releases").json()["data"] == before

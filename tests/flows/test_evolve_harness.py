@@ -47,17 +47,17 @@ def _overrides(srv: InProcessReef, policy: str) -> dict:
                 "repeats": 2,
             },
         },
-        "gate": {"policy": policy, "holdout": 1 / 3},
+        "gate": {"policy": policy},  # the default share of evaluation samples, as the status
     }
 
 
-def _failing_traffic(srv: InProcessReef, scenario: str) -> None:
-    """Six questions, each answered wrongly and reported with score 0 and a correction."""
+def _failing_traffic(srv: InProcessReef, scenario: str, n: int = 6) -> None:
+    """`n` questions, each answered wrongly and reported with score 0 and a correction."""
     feedback = {"text": "Wrong: name the city.", "correction": WANTED}
     traffic(
         srv,
         scenario,
-        6,
+        n,
         prompt="Question {i}: what is the capital of France?",
         report=lambda i, rid: {"score": 0.0, "feedback": feedback},
         max_tokens=6,
@@ -75,21 +75,26 @@ def test_failing_feedback_makes_a_candidate_the_gate_judges(
     from flows.evolve import evolve
     from reef import registry
 
-    _failing_traffic(server, "fails")
+    # 16 questions: some are evaluation samples (chosen by their content), the rest train
+    _failing_traffic(server, "fails", 16)
     before = _chain(server, "fails")
+    status = httpx.get(f"{server.url}/reef/scenarios/fails/status").json()
+    held = status["dropped"]["held_out"]
+    assert held >= 1 and status["eligible"] == 16 - held
     result = evolve("fails", overrides=_overrides(server, "improve"))
     assert result["status"] in ("rejected", "published"), result
     gate = result["gate"]
-    # Paired evaluation on the held-out third: 2 tasks, both sides, 2 repeats each.
-    assert gate["n"] == 2 and gate["mean_candidate"] is not None and gate["mean_head"] is not None
+    # Paired evaluation on the evaluation samples: both sides, 2 repeats each.
+    assert gate["n"] == held and gate["mean_candidate"] is not None
+    assert gate["mean_head"] is not None
     cands = httpx.get(f"{server.url}/reef/scenarios/fails/candidates").json()["data"]
     assert len(cands) == 1
     cand = cands[0]
     assert cand["operation"] == "harness" and cand["recipe"] == "harness"
     assert cand["gate"] == gate  # the numbers are stored with the candidate
     m = cand["metrics"]
-    assert m["eval_tasks"] == 2 and m["eval_repeats"] == 2 and m["eval_infra_failures"] == 0
-    assert m["eval_episodes"] == 8 and m["search_proposals"] >= 1
+    assert m["eval_tasks"] == held and m["eval_repeats"] == 2 and m["eval_infra_failures"] == 0
+    assert m["eval_episodes"] == 4 * held and m["search_proposals"] >= 1
     harness = cand["metadata"]["harness"]
     assert harness["content_hash"] == cand["content_hash"]
     assert cand["metadata"]["weights_release_id"] == before[0]["release_id"]

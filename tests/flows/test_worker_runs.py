@@ -27,7 +27,8 @@ def test_a_waiting_candidate_holds_up_no_other_run(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "reef": {"recipe": "sft", "batch_size": 2, "params": {"epochs": 1}},
-                "gate": {"policy": "manual", "approval_timeout_s": 600},
+                # both reports train: with none held out, 2 reports always make a batch
+                "gate": {"policy": "manual", "approval_timeout_s": 600, "holdout": 0.0},
             }
         )
     )

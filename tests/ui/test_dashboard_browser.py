@@ -53,7 +53,8 @@ def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
                     ]
                 },
                 "reef": {"recipe": "sft", "batch_size": 2, "params": {"epochs": 1}},
-                "gate": {"policy": "manual", "approval_timeout_s": 600},
+                # both reports train: with none held out, 2 reports always make a batch
+                "gate": {"policy": "manual", "approval_timeout_s": 600, "holdout": 0.0},
             }
         )
     )
