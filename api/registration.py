@@ -8,18 +8,18 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from reef.store.base import Store
+from reef.store.engines import EngineStore
 
 log = logging.getLogger("reef.api")
 
 
-async def register(store: Store, url: str) -> None:
+async def register(store: EngineStore, url: str) -> None:
     """Enter the registry as just started (before the process says it is ready)."""
     await asyncio.to_thread(store.register_engine, url, started=True)
     log.info("engine registered for deploys at %s", url)
 
 
-async def heartbeat(store: Store, url: str, every_s: float) -> None:
+async def heartbeat(store: EngineStore, url: str, every_s: float) -> None:
     """Renew the entry every `every_s` until cancelled; then leave the registry. A renewal
     that fails is logged: the entry stays live until engine.registry_ttl_s."""
     try:
