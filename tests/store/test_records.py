@@ -362,3 +362,20 @@ def test_idempotency_key_is_unique_per_scenario(
     record_store.add_records([make_record("two", two, idempotency_key="k")])
     record_store.add_records([make_record("one", one) for _ in range(3)])
     assert len(record_store.list_records("one")) == 4
+
+
+def test_delete_records_spares_those_a_new_report_quotes(
+    record_store: RecordStore, store: SQLStore, make_record: MakeRecord
+) -> None:
+    base = _base(store, "a")
+    recs = [make_record("a", base) for _ in range(4)]
+    store.add_records(recs)
+    known, _ = store.add_report(new_report("a", (recs[0].id,)))
+    # Feedback that arrived after the caller chose what to delete keeps its record.
+    store.add_report(new_report("a", (recs[1].id,)))
+
+    doomed = [r.id for r in recs[:3]]
+    deleted = record_store.delete_records("a", doomed, {recs[0].id: {known.id}})
+    assert deleted == {recs[0].id, recs[2].id}
+    assert record_store.list_records("a") == sorted([recs[1], recs[3]], key=lambda r: r.id)
+    assert record_store.delete_records("a", [], {}) == set()

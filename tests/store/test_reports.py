@@ -14,8 +14,9 @@ from reef.errors import Conflict, NotFound
 from reef.records import Consumption, Record, Report, new_id, utcnow
 from reef.store import tables
 from reef.store.reports import ReportStore
+from reef.store.rows import id_at
 from reef.store.sql import SQLStore
-from tests.store.builders import new_report
+from tests.store.builders import new_release, new_report
 
 MakeRecord = Callable[..., Record]
 
@@ -175,3 +176,54 @@ def test_count_awaiting_feedback_leaves_out_quoted_and_consumed_records(
     assert report_store.count_awaiting_feedback("a", "dpo") == 6
     assert report_store.count_awaiting_feedback("b", "sft") == 2
     assert report_store.count_awaiting_feedback("nope", "sft") == 0
+
+
+def test_quoting_reports_and_deleting_reports_with_their_references(
+    report_store: ReportStore, store: SQLStore, make_record: MakeRecord
+) -> None:
+    base = _base(store, "a")
+    other = _base(store, "b")
+    recs = [make_record("a", base) for _ in range(4)]
+    theirs = make_record("b", other)
+    store.add_records([*recs, theirs])
+    first, _ = report_store.add_report(_scored("a", recs[0].id, recs[1].id))
+    second, _ = report_store.add_report(_scored("a", recs[1].id))
+    report_store.add_report(_scored("b", theirs.id))
+
+    wanted = [r.id for r in recs] + [theirs.id, "rec_unknown"]
+    assert report_store.quoting_reports("a", wanted) == {
+        recs[0].id: {first.id},
+        recs[1].id: {first.id, second.id},
+    }
+    assert report_store.quoting_reports("a", []) == {}
+
+    assert report_store.delete_reports("a", [first]) == 1
+    assert report_store.list_reports("a") == [second]
+    assert report_store.quoting_reports("a", wanted) == {recs[1].id: {second.id}}
+    assert report_store.quoting_reports("b", [theirs.id]) != {}  # another scenario's stay
+    assert report_store.count_awaiting_feedback("a", "sft") == 3
+
+
+def test_arm_sums_clip_the_scores_of_one_release_since_a_time(
+    report_store: ReportStore, store: SQLStore, make_record: MakeRecord
+) -> None:
+    head = _base(store, "a")
+    canary = store.publish_release(new_release("a", head)).id
+    now = utcnow()
+    # Ids sort by time: a record made an hour ago has an hour-old id.
+    old = make_record("a", canary, id=id_at("rec", now - timedelta(hours=1)))
+    served = [make_record("a", canary) for _ in range(3)]
+    control = make_record("a", head)
+    unscored = make_record("a", canary)
+    store.add_records([old, *served, control, unscored])
+    for record, score in zip([old, *served, control], [1.0, 0.5, 3.0, -1.0, 0.25], strict=True):
+        report_store.add_report(new_report("a", (record.id,), score=score))
+    report_store.add_report(new_report("a", (unscored.id,), score=None))
+
+    since = now - timedelta(minutes=10)
+    assert report_store.arm_sums("a", canary, since, 0.0, 1.0) == (3, 1.5)  # 0.5 + 1 + 0
+    assert report_store.arm_sums("a", canary, since, -5.0, 5.0) == (3, 2.5)
+    assert report_store.arm_sums("a", canary, now - timedelta(hours=2), 0.0, 1.0) == (4, 2.5)
+    assert report_store.arm_sums("a", head, since, 0.0, 1.0) == (1, 0.25)
+    assert report_store.arm_sums("a", canary, now + timedelta(hours=1), 0.0, 1.0) == (0, 0.0)
+    assert report_store.arm_sums("b", canary, since, 0.0, 1.0) == (0, 0.0)
