@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 
 from reef.background import BackgroundTask
-from reef.store.base import Store
+from reef.store.engines import EngineStore
 
 log = logging.getLogger("reef.api")
 
 
-def heartbeat(store: Store, url: str, every_s: float) -> BackgroundTask:
+def heartbeat(store: EngineStore, url: str, every_s: float) -> BackgroundTask:
     """The registry entry of the engine at `url` as a background task: `start()` enters the
     registry as just started (before the process says it is ready; an error there fails the
     start), the task renews the entry every `every_s`, and `stop()` leaves the registry. A

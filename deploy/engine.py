@@ -20,7 +20,7 @@ import httpx
 
 from reef.errors import EngineUnavailable, ReefError
 from reef.settings import Settings
-from reef.store.base import Store
+from reef.store.engines import EngineStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -281,7 +281,7 @@ class Registered:
     client per URL ever registered, kept until `close()` (a call in another thread may be
     using it)."""
 
-    def __init__(self, settings: Settings, store: Store, own: Sequence[str] = ()):
+    def __init__(self, settings: Settings, store: EngineStore, own: Sequence[str] = ()):
         self.settings = settings
         self.store = store
         self.own = own  # this process's own URLs: its engine is reached in process
@@ -310,7 +310,7 @@ class Registered:
 def engines_for(
     settings: Settings,
     local: tuple[str, EngineTarget] | None = None,
-    store: Store | None = None,
+    store: EngineStore | None = None,
 ) -> EngineTarget:
     """The engines a deploy reaches: every `engine.admin_urls` entry over HTTP, and with
     engine.registry every engine registered in `store` with a fresh heartbeat; with neither,

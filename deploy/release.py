@@ -21,14 +21,14 @@ from deploy.engine import EngineTarget, Fleet
 from reef.errors import ReefError
 from reef.harness import harness_of
 from reef.records import Release
-from reef.store.base import Store
+from reef.store.chain import ChainStore
 from reef.variants import variant_name
 
 log = logging.getLogger(__name__)
 
 
 def deploy(
-    store: Store,
+    store: ChainStore,
     engine: EngineTarget,
     release: Release,
     *,
@@ -80,7 +80,7 @@ def deploy(
     return published, timings
 
 
-def retire(store: Store, engine: EngineTarget, scenario: str, keep: int) -> list[str]:
+def retire(store: ChainStore, engine: EngineTarget, scenario: str, keep: int) -> list[str]:
     """Unload the scenario's variants that are not among its `keep` newest releases."""
     chain = store.list_releases(scenario)
     wanted = {variant_name(scenario, r.weights_id) for r in chain[-max(keep, 1) :]}
@@ -101,7 +101,7 @@ def retire(store: Store, engine: EngineTarget, scenario: str, keep: int) -> list
     return gone
 
 
-def _keep_harness(store: Store, release: Release) -> Release:
+def _keep_harness(store: ChainStore, release: Release) -> Release:
     """Weights trained on top of a head with a harness keep serving that harness."""
     if release.operation not in ("training", "promote") or harness_of(release) is not None:
         return release

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from reef.artifacts import ArtifactStore
     from reef.registry.removal import Removed
     from reef.settings import Settings
-    from reef.store.base import Store
+    from reef.store.scenarios import ScenarioStore
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,9 @@ def purge(settings: Settings, artifacts: ArtifactStore, scenario: str) -> Cleanu
     return Cleanup(scenario, artifacts=removed, mlflow=mlflow)
 
 
-def finish(store: Store, settings: Settings, artifacts: ArtifactStore, scenario: str) -> Cleanup:
+def finish(
+    store: ScenarioStore, settings: Settings, artifacts: ArtifactStore, scenario: str
+) -> Cleanup:
     """Purge a deleted scenario's remains and drop its tombstone; a failure leaves the
     tombstone for `reef gc` and is returned (and logged), not raised."""
     try:
@@ -111,7 +113,9 @@ def finish(store: Store, settings: Settings, artifacts: ArtifactStore, scenario:
     return done
 
 
-def collect_garbage(store: Store, settings: Settings, artifacts: ArtifactStore) -> list[Cleanup]:
+def collect_garbage(
+    store: ScenarioStore, settings: Settings, artifacts: ArtifactStore
+) -> list[Cleanup]:
     """Finish every pending deletion (oldest first): what `reef gc` runs."""
     return [finish(store, settings, artifacts, d.scenario) for d in store.pending_deletions()]
 

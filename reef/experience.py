@@ -65,6 +65,8 @@ from reef.samples import (
     check_kind,
 )
 from reef.store.base import Store
+from reef.store.records import RecordStore
+from reef.store.reports import ReportStore
 
 if TYPE_CHECKING:
     pass
@@ -108,7 +110,7 @@ def _pages(list_page: Callable[..., list[T]], scenario: str, page_size: int) -> 
         after = page[-1].id
 
 
-def _pages_of_reports(store: Store, scenario: str, page_size: int) -> Iterator[list[Report]]:
+def _pages_of_reports(store: ReportStore, scenario: str, page_size: int) -> Iterator[list[Report]]:
     return _pages(store.list_reports, scenario, page_size)
 
 
@@ -119,14 +121,14 @@ def reports_of(store: Store, scenario: str, page_size: int = PAGE_SIZE) -> Itera
 
 
 def pages_of_records(
-    store: Store, scenario: str, page_size: int = PAGE_SIZE
+    store: RecordStore, scenario: str, page_size: int = PAGE_SIZE
 ) -> Iterator[list[Record]]:
     """All records of a scenario, oldest first, one page (list) at a time."""
     return _pages(store.list_records, scenario, page_size)
 
 
 def reports_by_record(
-    store: Store, scenario: str, page_size: int = PAGE_SIZE
+    store: ReportStore, scenario: str, page_size: int = PAGE_SIZE
 ) -> dict[str, list[Report]]:
     """Every report of the scenario, under each record it quotes."""
     out: dict[str, list[Report]] = {}
@@ -481,7 +483,7 @@ def _pairs(
 
 # consumption ---------------------------------------------------------------------
 def consume(
-    store: Store, scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
+    store: ReportStore, scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
 ) -> int:
     """Write consumption receipts for every record of `samples` (trained on in `batch_id`), so
     later or repeated feedback never trains them again for `recipe`. Returns receipts written."""

@@ -47,6 +47,7 @@ from reef.errors import NotFound, StoreError
 from reef.records import Record, Report, new_id, utcnow
 from reef.store.base import Store
 from reef.store.browse import id_at
+from reef.store.records import RecordStore
 from reef.store.rows import record_row
 
 if TYPE_CHECKING:
@@ -398,7 +399,7 @@ def _record_of(row: dict[str, Any]) -> Record:
 
 
 def archived_records(
-    store: Store, artifacts: ArtifactStore, scenario: str
+    store: RecordStore, artifacts: ArtifactStore, scenario: str
 ) -> Iterator[list[Record]]:
     """The archived records of the scenario, a file at a time, each id once and none that is
     still in the database (which the database's pages give)."""
@@ -428,7 +429,7 @@ class ArchivePage:
 
 
 def archived_page(
-    store: Store,
+    store: RecordStore,
     artifacts: ArtifactStore,
     scenario: str,
     before: str | None = None,

@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Float, cast, func, select
-
 from reef.errors import NotFound
 from reef.records import Candidate, Release, Scenario
 from reef.sequential import ArmScores, Guardrail, Health, SequentialPolicy
 from reef.settings import RolloutSettings
-from reef.store.base import Store
+from reef.store.chain import ChainStore
+from reef.store.reports import ReportStore
 
 log = logging.getLogger(__name__)
 ArmName = Literal["canary", "control", "a", "b"]
@@ -81,7 +80,7 @@ def ab_id(pair: tuple[str, str]) -> str:
     return f"ab:{pair[0]}:{pair[1]}"
 
 
-def ab_stopped(store: Store, scenario: str, pair: tuple[str, str]) -> str | None:
+def ab_stopped(store: ChainStore, scenario: str, pair: tuple[str, str]) -> str | None:
     """Why the A/B split of `pair` does not run (an operator ended it, or a release it names is
     not on the chain), or None while it runs."""
     chain = store.list_releases(scenario)
@@ -144,7 +143,7 @@ class _Window:
 class Rollouts:
     """The serving side of rollouts in one process: canary lookup, arm choice, arm health."""
 
-    def __init__(self, store: Store, settings: RolloutSettings, ttl_s: float = 2.0):
+    def __init__(self, store: ChainStore, settings: RolloutSettings, ttl_s: float = 2.0):
         self.store = store
         self.settings = settings
         self._ttl_s = ttl_s
@@ -236,36 +235,15 @@ class Rollouts:
 
 
 def arm_scores(
-    store: Store, scenario: str, release_id: str, since: datetime, policy: SequentialPolicy
+    store: ReportStore, scenario: str, release_id: str, since: datetime, policy: SequentialPolicy
 ) -> ArmScores:
     """The reports' scores on the records `release_id` served since `since` (the rollout's
     start), clipped to the policy's range: one covering scan of the report references."""
-    from reef.store import tables
-    from reef.store.browse import id_at
-
-    engine = getattr(store, "engine", None)
-    if engine is None:
-        raise TypeError("arm_scores needs an SQL store")
-    x = tables.report_references
-    score = cast(x.c.score, Float)
-    lo, hi = policy.score_low, policy.score_high
-    clipped = (
-        func.min(func.max(score, lo), hi)
-        if engine.dialect.name == "sqlite"
-        else (func.least(func.greatest(score, lo), hi))
-    )
-    query = select(func.count(), func.coalesce(func.sum(clipped), 0.0)).where(
-        x.c.scenario == scenario,
-        x.c.release_id == release_id,
-        x.c.score.is_not(None),
-        x.c.record_id >= id_at("rec", since),
-    )
-    with engine.connect() as conn:
-        n, total = conn.execute(query).one()
-    return ArmScores(int(n), float(total))
+    n, total = store.arm_sums(scenario, release_id, since, policy.score_low, policy.score_high)
+    return ArmScores(n, total)
 
 
-def served_release(store: Store, scenario: str, release_id: str) -> Release:
+def served_release(store: ChainStore, scenario: str, release_id: str) -> Release:
     """The release that serves `release_id`: on the chain, or a live canary's candidate under
     the id it will take (it serves before it is on the chain)."""
     try:

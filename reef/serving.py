@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from reef import anthropic
 from reef.engines.base import Completion, Engine, ServesResponses
@@ -26,8 +26,10 @@ from reef.records import Record, Scenario, new_id, utcnow
 from reef.rollouts import ARM_TAG, ROLLOUT_TAG, Rollouts, served_release
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.shadow import Shadows
-from reef.store.base import Store
+from reef.store.chain import ChainStore
 from reef.store.commits import GroupCommitter
+from reef.store.records import RecordStore
+from reef.store.scenarios import ScenarioStore
 from reef.variants import Variants
 
 log = logging.getLogger(__name__)
@@ -91,13 +93,19 @@ _CLAIM_TTL_S = 600.0
 _RESTITCH_TRIES = 8
 
 
+class ServingStore(ScenarioStore, RecordStore, ChainStore, Protocol):
+    """What serving reads: the scenario row (created on first use), records (sessions and
+    Idempotency-Keys; they are written through the GroupCommitter), and the release or live
+    canary that serves a call."""
+
+
 class Serving:
     """Scenario lookup, request checks, engine calls and durable recording."""
 
     def __init__(
         self,
         engine: Engine,
-        store: Store,
+        store: ServingStore,
         committer: GroupCommitter,
         *,
         max_tokens_cap: int,

@@ -36,7 +36,7 @@ from reef.background import BackgroundTask
 from reef.recipe import import_object
 from reef.records import Record, ShadowRecord, new_id, utcnow
 from reef.settings import JudgeSettings, RolloutSettings
-from reef.store.base import Store
+from reef.store.shadows import ShadowStore
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Shadows:
 
     def __init__(
         self,
-        store: Store,
+        store: ShadowStore,
         settings: RolloutSettings,
         *,
         gate_scorer: str | None = None,

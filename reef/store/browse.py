@@ -23,21 +23,10 @@ from reef.errors import BadRequest
 from reef.records import Job, Record, Report, utcnow
 from reef.store import tables
 from reef.store.base import Store
+from reef.store.rows import id_at as id_at  # re-exported: callers import it from here
 from reef.store.rows import job_of, record_of, report_of
 
-_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 _IN_CHUNK = 500
-
-
-def id_at(prefix: str, when: datetime) -> str:
-    """The smallest id `reef.records.new_id(prefix)` can give at `when`: ids sort by creation
-    time, so a time range is an id range on the primary-key index."""
-    n = max(0, int(when.timestamp() * 1000)) << 80
-    chars = []
-    for _ in range(26):
-        n, r = divmod(n, 32)
-        chars.append(_CROCKFORD[r])
-    return f"{prefix}_{''.join(reversed(chars))}"
 
 
 @dataclass(frozen=True)

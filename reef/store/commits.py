@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reef.errors import StoreError
 from reef.records import Record
-from reef.store.base import Store
+from reef.store.records import RecordStore
 
 
 class GroupCommitter:
-    """Batches `add(record)` calls from many requests into `Store.add_records` transactions.
+    """Batches `add(record)` calls from many requests into `RecordStore.add_records` transactions.
 
     One flusher task takes everything pending (up to `max_batch`) and commits it in a worker
     thread; whatever arrives meanwhile waits for the next commit. Batches form naturally under
@@ -29,7 +29,7 @@ class GroupCommitter:
     committed), `failed_batches`, `largest_batch`.
     """
 
-    def __init__(self, store: Store, *, window_ms: float = 0.0, max_batch: int = 512):
+    def __init__(self, store: RecordStore, *, window_ms: float = 0.0, max_batch: int = 512):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         if window_ms < 0:

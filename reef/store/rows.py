@@ -1,9 +1,10 @@
-"""Rows ⇄ records: the store's conversions, and the fast insert of records on the hot path."""
+"""Rows ⇄ records: the store's conversions, the hot path's record insert, the id a time maps to."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -170,3 +171,18 @@ def job_row(j: Job) -> dict[str, Any]:
 def job_of(row: Row[Any]) -> Job:
     m = row._mapping
     return Job(**{name: m[name] for name in JOB_FIELDS})
+
+
+# time -> ids ------------------------------------------------------------------------------
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def id_at(prefix: str, when: datetime) -> str:
+    """The smallest id `reef.records.new_id(prefix)` can give at `when`: ids sort by creation
+    time, so a time range is an id range on the primary-key index."""
+    n = max(0, int(when.timestamp() * 1000)) << 80
+    chars = []
+    for _ in range(26):
+        n, r = divmod(n, 32)
+        chars.append(_CROCKFORD[r])
+    return f"{prefix}_{''.join(reversed(chars))}"

@@ -1,4 +1,5 @@
-"""Store fixtures (the `store` fixture itself, on SQLite and on Postgres, is in tests/conftest.py)."""
+"""Store fixtures: records to add, and each noun's store (the `store` fixture itself, on SQLite
+and on Postgres, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from typing import Any
 import pytest
 
 from reef.records import Record, new_id, utcnow
+from reef.store.chain import ChainStore, SQLChain
+from reef.store.engines import EngineStore, SQLEngines
+from reef.store.jobs import JobStore, SQLJobs
+from reef.store.records import RecordStore, SQLRecords
+from reef.store.reports import ReportStore, SQLReports
+from reef.store.scenarios import ScenarioStore, SQLScenarios
+from reef.store.shadows import ShadowStore, SQLShadows
+from reef.store.sql import SQLStore
 
 
 @pytest.fixture
@@ -44,3 +53,41 @@ def make_record() -> Callable[..., Record]:
         return Record(**values)
 
     return make
+
+
+# Each noun's SQL store on its own over the `store` fixture's engine: the contract tests of a
+# Protocol run against the class that implements it alone (nothing borrowed from the others),
+# while `store` (the composition) sets the scene.
+@pytest.fixture
+def scenario_store(store: SQLStore) -> ScenarioStore:
+    return SQLScenarios(store.engine)
+
+
+@pytest.fixture
+def record_store(store: SQLStore) -> RecordStore:
+    return SQLRecords(store.engine)
+
+
+@pytest.fixture
+def report_store(store: SQLStore) -> ReportStore:
+    return SQLReports(store.engine)
+
+
+@pytest.fixture
+def chain_store(store: SQLStore) -> ChainStore:
+    return SQLChain(store.engine)
+
+
+@pytest.fixture
+def job_store(store: SQLStore) -> JobStore:
+    return SQLJobs(store.engine)
+
+
+@pytest.fixture
+def shadow_store(store: SQLStore) -> ShadowStore:
+    return SQLShadows(store.engine)
+
+
+@pytest.fixture
+def engine_store(store: SQLStore) -> EngineStore:
+    return SQLEngines(store.engine)
