@@ -20,6 +20,7 @@ from api.auth import Authenticator
 from api.evolver import Evolver
 from api.guard import BrowserGuard, allowed_hosts
 from api.metrics import Metrics, MetricsMiddleware
+from api.quotas import QuotaCollector, QuotaGate
 from api.readiness_metrics import ReadinessCollector
 from api.rollouts import watch as rollout_watch
 from api.routes import (
@@ -145,6 +146,7 @@ def create_app(
         artifacts=artifacts,
         chain=ReleaseChain(settings, store, artifacts, engines, harnesses),
         local=local,
+        quotas=QuotaGate(settings.auth.tokens, store.quotas, metrics.registry),
         variants=variants,
         evolver=evolver,
     )
@@ -212,6 +214,7 @@ def create_app(
             store, settings.reef, artifacts, scenario_labels=settings.server.scenario_labels
         )
     )
+    metrics.registry.register(QuotaCollector(svc.quotas))
     errors.install(app)
     # inside the metrics middleware: refused requests are counted too
     app.add_middleware(BrowserGuard, allowed=allowed_hosts(settings.server), metrics=metrics)

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from api.auth import Authenticator, Principal
 from api.evolver import Evolver
 from api.metrics import Metrics
+from api.quotas import QuotaGate
 from deploy.chain import ReleaseChain
 from reef.artifacts import ArtifactStore
 from reef.engines.base import Engine
@@ -43,6 +44,7 @@ class Services:
     artifacts: ArtifactStore
     chain: ReleaseChain  # rollback, promote and harness releases, into this process's engine
     local: LocalEngine
+    quotas: QuotaGate  # auth.tokens[].quota: admits calls, counts their tokens
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
 

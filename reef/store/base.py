@@ -17,6 +17,7 @@ from reef.records import (
     Scenario,
     ShadowRecord,
 )
+from reef.store.quotas import Quotas
 
 
 class Store(ABC):
@@ -38,6 +39,11 @@ class Store(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def quotas(self) -> Quotas:
+        """Request and token counters per token and scenario, shared by every replica."""
 
     # scenarios -----------------------------------------------------------------
     @abstractmethod

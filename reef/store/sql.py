@@ -68,6 +68,7 @@ from reef.records import (
 from reef.store import tables
 from reef.store.base import Store
 from reef.store.connect import create_sql_engine, describe_error
+from reef.store.quotas import SQLQuotas
 from reef.store.rows import (
     RecordInsert,
     candidate_of,
@@ -125,6 +126,11 @@ class SQLStore(Store):
         self.engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
         self._insert_records = RecordInsert(engine)
+        self._quotas = SQLQuotas(engine)
+
+    @property
+    def quotas(self) -> SQLQuotas:
+        return self._quotas
 
     def __repr__(self) -> str:
         return f"SQLStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -196,6 +202,7 @@ class SQLStore(Store):
         return True
 
     def close(self) -> None:
+        self._quotas.close()
         self.engine.dispose()
 
     # scenarios ------------------------------------------------------------------
