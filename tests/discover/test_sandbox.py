@@ -209,8 +209,9 @@ def test_a_detached_child_dies_when_the_program_returns() -> None:
         "    return 1\n"
     )
     started = time.monotonic()
-    out = run(src, "f", Limits(wall_s=5.0))
-    assert out.ok and out.result == [1] and time.monotonic() - started < 2.5, out
+    out = run(src, "f", Limits(wall_s=20.0))
+    # its end, not the child's (never) nor the wall limit's: slack for a loaded machine
+    assert out.ok and out.result == [1] and time.monotonic() - started < 8, out
     time.sleep(0.2)
     assert leftovers(marker) == []
 
