@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -15,7 +16,9 @@ import pytest
 from api.auth import hash_token
 from tests.reefserver import InProcessReef
 
-ADMIN, RPM, SCOPED, BUDGET, FREE = (f"{n}-quota-token" for n in ("ops", "rpm", "sc", "bg", "fr"))
+ADMIN, RPM, SCOPED, BUDGET, FREE, ANTH = (
+    f"{n}-quota-token" for n in ("ops", "rpm", "sc", "bg", "fr", "an")
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +35,8 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[InProces
         f"    - name: budget\n      sha256: {hash_token(BUDGET)}\n      scenarios: [a]\n"
         "      quota: {tokens_per_day: 5}\n"
         f"    - {{name: free, sha256: {hash_token(FREE)}, scenarios: [a]}}\n"
+        f"    - name: anth\n      sha256: {hash_token(ANTH)}\n      scenarios: [a]\n"
+        "      quota: {requests_per_minute: 1}\n"
     )
     database = {"database_url": f"sqlite:///{state / 'shared.db'}"}
     with (
@@ -129,3 +134,20 @@ def test_metrics_and_dashboard_show_quotas(replicas: list[InProcessReef]) -> Non
     assert page.status_code == 200, page.text
     assert 'href="/ui/s/b">b</a>' in page.text  # the scoped token's quota in scenario b
     assert ">rpm<" in page.text and ">3 / 3<" in page.text
+
+
+def test_the_anthropic_routes_refuse_in_their_own_shape(replicas: list[InProcessReef]) -> None:
+    _not_at_a_minute_end()
+    client = anthropic.Anthropic(
+        base_url=replicas[0].url,
+        api_key=ANTH,
+        max_retries=0,
+        default_headers={"x-reef-scenario": "a"},
+    )
+    ask = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    client.messages.create(**ask)  # type: ignore[call-overload]
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        client.messages.create(**ask)  # type: ignore[call-overload]
+    body = refused.value.response.json()
+    assert body["type"] == "error" and body["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.value.response.headers["retry-after"]) >= 1
