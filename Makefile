@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
+.PHONY: venv bwrap vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,14 @@ $(MODEL_CACHE)/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: | $(BIN)/python
 
 smollm2: $(MODEL_CACHE)/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
+# The discovery sandbox (demo/discover/sandbox.py) runs model-written programs behind
+# bubblewrap: installed here from Debian's package when `bwrap` is missing and make runs as
+# root (CI does); otherwise a note, and the sandbox refuses to run programs until it is there.
+bwrap:
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
+	    apt-get install -y -q bubblewrap; } || \
+	    echo "note: bwrap is missing; the discovery sandbox needs it (apt-get install bubblewrap)" >&2
+
 run: venv smollm2
 	$(BIN)/reef serve --host $(HOST) --port $(PORT) --state-dir $(STATE_DIR) --model smollm2
 
@@ -58,7 +66,7 @@ run: venv smollm2
 # pytest-xdist runs it on every core, a test file per worker at a time (module fixtures such as
 # a served app or a Prefect server start once per file, not once per test).
 TEST_WORKERS ?= auto
-test: venv
+test: venv bwrap
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # End-to-end learning loops on the tiny model: the evolve flow or worker trains and deploys.
@@ -145,7 +153,7 @@ demo: venv smollm2
 # PUCT search vs random sampling at an equal rollout budget; DISCOVER_ARGS=--docs refreshes
 # docs/discover.png. scripts/tttd_gpu.sh runs it at N = 26 on a GPU with vLLM.
 DISCOVER_ARGS ?=
-demo-discover: venv smollm2
+demo-discover: venv bwrap smollm2
 	$(BIN)/python -m demo.discover $(DISCOVER_ARGS)
 
 # SmolLM2 learns "one sentence" from next-turn reactions alone (openclaw recipe, rule judge);

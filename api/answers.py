@@ -11,6 +11,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from api.auth import PRINCIPAL
 from api.bodies import call_headers
 from api.errors import error_body
 from api.services import Services
@@ -64,7 +65,9 @@ async def start_call(
     An explicit session (the x-reef-session-id header) wins over `session_id`, the session a
     route found itself (a continued response's). `native`: see Serving.new_call."""
     asked = call_headers(request)
-    return await svc.serving.new_call(
+    principal = request.scope.get(PRINCIPAL)
+    counters = await svc.quotas.admit(principal.name, scenario.name) if principal else []
+    call = await svc.serving.new_call(
         scenario,
         route,
         body,
@@ -76,6 +79,9 @@ async def start_call(
         # the end user, which keeps one rollout arm with rollout.sticky "user"
         user_id=request.headers.get("x-reef-user-id"),
     )
+    if call.replay is None:
+        svc.quotas.hold(call.record_id, counters)
+    return call
 
 
 def json_answer(record: Record, replay: bool) -> Response:
@@ -106,6 +112,7 @@ async def plain_answer(
         svc.metrics.idempotent_replays.labels(call.scenario.name, call.route).inc()
     else:
         svc.metrics.record_written(call.scenario.name, call.route, done.response.get("usage"))
+        svc.quotas.spend(call.record_id, done.response.get("usage"))
     return json_answer(record, replayed)
 
 

@@ -33,6 +33,7 @@ _HTTP_TYPES = {
     415: "invalid_request_error",
     421: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_error",
 }
 
 
@@ -49,10 +50,12 @@ def error_body(err: ReefError, *, anthropic: bool = False) -> dict[str, Any]:
 
 def error_response(err: ReefError, request: Request | None = None) -> Response:
     anthropic = request is not None and request.url.path.startswith("/v1/messages")
+    retry = getattr(err, "retry_after_s", None)
     return Response(
         orjson.dumps(error_body(err, anthropic=anthropic)),
         status_code=err.status,
         media_type="application/json",
+        headers={"retry-after": str(retry)} if retry is not None else None,
     )
 
 

@@ -17,6 +17,7 @@ from api import registration
 from api.auth import Authenticator, Principal
 from api.evolver import Evolver
 from api.metrics import Metrics
+from api.quotas import QuotaCollector, QuotaGate
 from api.readiness_metrics import ReadinessCollector
 from api.rollouts import watcher as rollout_watcher
 from deploy.chain import ReleaseChain
@@ -66,6 +67,7 @@ class Services:
     engines: EngineTarget  # every engine a deploy from here reaches (this one included)
     readiness: ReadinessCollector  # experience readiness in /metrics
     watcher: BackgroundTask  # checks the live canaries (api.rollouts)
+    quotas: QuotaGate  # auth.tokens[].quota: admits calls, counts their tokens
     heartbeat: BackgroundTask | None = None  # the engine registry's entry (engine.registry)
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
@@ -127,6 +129,8 @@ class Services:
             holdout=evaluation_pool.fraction(settings),
         )
         metrics.registry.register(readiness)
+        quotas = QuotaGate(settings.auth.tokens, store.quotas, metrics.registry)
+        metrics.registry.register(QuotaCollector(quotas))
         heartbeat = None
         if settings.engine.registry:  # deploys made anywhere reach this engine
             own = settings.engine_advertise_url
@@ -144,6 +148,7 @@ class Services:
             local=local,
             engines=engines,
             readiness=readiness,
+            quotas=quotas,
             watcher=rollout_watcher(chain, rollouts, settings.rollout.check_interval_s),
             heartbeat=heartbeat,
             variants=variants,

@@ -9,6 +9,11 @@ bench/results/.
 
 Targets: added p50 at 1 connection <= 1 ms; >= 1,500 recorded requests/s at 16 connections.
 
+Quota arm (`--quotas`, on by default): two more `reef serve`, each with one auth token, one
+without limits (off) and one with `quota` limits no call reaches (on: every call is counted in
+the database, admitted, and its tokens added), measured at 1 connection in the order off, on,
+on, off, ... (`--quota-rounds` of each). Target: the limiter adds <= 0.1 ms to the p50.
+
 Shadow arm (`--shadow`, on by default): a second `reef serve` with `rollout.mode: shadow`
 (`--shadow-sample`, default 0.1 as in the settings; 1.0 copies every call), measured at 1
 connection with no shadow candidate live (off) and with one live (on), in the order off, on,
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import os
 import platform
@@ -55,6 +61,8 @@ REEF = Path(sys.executable).with_name("reef")
 TARGET_ADDED_P50_MS = 1.0
 TARGET_RECORDED_RPS = 1500.0
 TARGET_SHADOW_ADDED_P50_MS = 0.2
+TARGET_QUOTA_ADDED_P50_MS = 0.1
+QUOTA_TOKEN = "reef-bench-quota-token"
 # What the shadow Reef runs with: every call copied, a verifier scoring both answers, and a
 # test that cannot decide during the bench (the candidate stays live).
 SHADOW_ENV = {
@@ -103,11 +111,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measured(url: str, connections: int, duration_s: float, pid: int) -> dict[str, Any]:
+def measured(
+    url: str, connections: int, duration_s: float, pid: int, headers: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """A wrk run plus the server's CPU per request and the machine's load around it (the
     machine may be shared: a high load average makes the numbers a floor)."""
     before = cpu_seconds(pid)
-    result = wrk(url, connections, duration_s)
+    result = wrk(url, connections, duration_s, headers)
     used = cpu_seconds(pid) - before
     result["server_cpu_us_per_request"] = round(used / max(result["requests"], 1) * 1e6, 1)
     result["server_cpu_share"] = round(used / (result["duration_us"] / 1e6), 3)
@@ -115,10 +125,13 @@ def measured(url: str, connections: int, duration_s: float, pid: int) -> dict[st
     return result
 
 
-def wrk(url: str, connections: int, duration_s: float) -> dict[str, Any]:
+def wrk(
+    url: str, connections: int, duration_s: float, headers: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """One wrk run; the Lua script's totals plus wrk's own requests/s."""
     cmd = [
         "wrk",
+        *(arg for h in headers for arg in ("-H", h)),
         "-t1",  # one thread: the machine has two cores and the servers need them more
         f"-c{connections}",
         f"-d{duration_s:g}s",
@@ -250,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--shadow-rounds", type=int, default=2, help="off/on rounds, alternated")
     p.add_argument("--shadow-sample", type=float, default=0.1, help="share of calls copied")
+    p.add_argument(
+        "--quotas",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure what per-token quotas add (off vs on, --low connections)",
+    )
+    p.add_argument("--quota-rounds", type=int, default=2, help="off/on rounds, alternated")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install -y wrk)")
@@ -318,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                     result["profile"] = py_spy_summary(state_dir / "py-spy.txt")
                 else:
                     result["profile_error"] = err.strip()[-500:]
+        if args.quotas and args.quota_rounds > 0:
+            result["quotas"] = quota_arms(args, echo_port, procs)
         if args.shadow and args.shadow_rounds > 0:  # 0 rounds: the plain comparison only
             shadow_dir = Path(tempfile.mkdtemp(prefix="reef-bench-shadow-"))
             try:
@@ -454,6 +476,87 @@ def shadow_arms(
     return out
 
 
+def quota_arms(
+    args: argparse.Namespace, echo_port: int, procs: list[subprocess.Popen[Any]]
+) -> dict[str, Any]:
+    """The p50 at `--low` connections through a Reef whose token has no quota (off) and one
+    whose token has quotas no call reaches (on), alternately, `--quota-rounds` rounds. Both
+    authenticate the same token, so the difference is the limiter alone."""
+    digest = hashlib.sha256(QUOTA_TOKEN.encode()).hexdigest()
+    limits = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "tokens_per_day": 10**12}
+    arms: dict[str, tuple[subprocess.Popen[Any], str, Path]] = {}
+    for state, quota in (("off", {}), ("on", {"quota": limits})):
+        token = {"name": "bench", "sha256": digest, "admin": True, **quota}
+        state_dir = Path(tempfile.mkdtemp(prefix=f"reef-bench-quota-{state}-"))
+        env = {"REEF_AUTH__TOKENS": json.dumps([token])}
+        reef, url, ready = start_reef(args, echo_port, state_dir, env)
+        procs.append(reef)
+        if not ready:
+            return {"error": (state_dir / "reef.log").read_text()[-2000:]}
+        arms[state] = (reef, url, state_dir)
+    headers = (f"Authorization: Bearer {QUOTA_TOKEN}",)
+    print(f"quota arms: off vs on at {args.low} connection", flush=True)
+    out: dict[str, Any] = {"off": [], "on": [], "limits": limits}
+    for _, url, _ in arms.values():
+        wrk(url, args.low, args.warmup, headers)
+    for i in range(args.quota_rounds):
+        for state in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            reef, url, _ = arms[state]
+            out[state].append(measured(url, args.low, args.duration, reef.pid, headers))
+    for _, _, state_dir in arms.values():
+        shutil.rmtree(state_dir, ignore_errors=True)
+    off_p50 = statistics.median(r["p50_us"] for r in out["off"]) / 1e3
+    on_p50 = statistics.median(r["p50_us"] for r in out["on"]) / 1e3
+    out["p50_ms"] = {"off": round(off_p50, 3), "on": round(on_p50, 3)}
+    out["added_p50_ms"] = round(on_p50 - off_p50, 3)
+    out["limiter_in_process"] = limiter_cost_us()
+    out["non_2xx"] = sum(r["non_2xx"] for r in out["off"] + out["on"])
+    out["added_p50_ok"] = out["added_p50_ms"] <= TARGET_QUOTA_ADDED_P50_MS
+    return out
+
+
+def limiter_cost_us(calls: int = 3000) -> dict[str, float]:
+    """What the limiter itself costs a call, in this process (no HTTP, no scheduler noise):
+    admission and the token count of one call on a SQLite store, as the API runs them."""
+    import asyncio
+
+    sys.path.insert(0, str(ROOT))
+    from prometheus_client import CollectorRegistry
+
+    from api.quotas import QuotaGate
+    from reef.settings import QuotaSettings, TokenSettings
+    from reef.store.sql import open_store
+
+    state = Path(tempfile.mkdtemp(prefix="reef-bench-limiter-"))
+    store = open_store(f"sqlite:///{state / 'reef.db'}")
+    store.migrate()
+    quota = QuotaSettings(
+        requests_per_minute=10**9, tokens_per_minute=10**12, tokens_per_day=10**12
+    )
+    token = TokenSettings(name="bench", sha256="0" * 64, quota=quota)
+    gate = QuotaGate((token,), store.quotas, CollectorRegistry())
+    usage = {"prompt_tokens": 20, "completion_tokens": 10}
+
+    async def run() -> list[float]:
+        took = []
+        for i in range(calls):
+            started = time.perf_counter()
+            gate.hold(str(i), await gate.admit("bench", "default"))
+            gate.spend(str(i), usage)
+            took.append(time.perf_counter() - started)
+        return took[calls // 5 :]  # after the warm-up
+
+    try:
+        took = sorted(asyncio.run(run()))
+    finally:
+        store.close()
+        shutil.rmtree(state, ignore_errors=True)
+    return {
+        "p50_us": round(took[len(took) // 2] * 1e6, 1),
+        "p90_us": round(took[int(len(took) * 0.9)] * 1e6, 1),
+    }
+
+
 def finish(result: dict[str, Any], out: Path) -> int:
     direct, reef = result["direct"], result["reef"]
     rows = []
@@ -506,6 +609,18 @@ def finish(result: dict[str, Any], out: Path) -> int:
         )
         print(f"every 200 had a receipt and a durable record: {durable}")
         print(f"through-Reef / direct: req/s {verdict['ratio_rps']}, p50 {verdict['ratio_p50']}")
+    quotas = result.get("quotas")
+    if quotas and "error" in quotas:
+        print(f"\nquotas: not measured: {quotas['error']}")
+    elif quotas:
+        print(
+            f"\nquotas at {len(quotas['on'])}x{result['duration_s']:g}s, 1 conn: p50 "
+            f"{quotas['p50_ms']['off']:.3f} ms without, {quotas['p50_ms']['on']:.3f} ms with: "
+            f"added {quotas['added_p50_ms']:.3f} ms (target <= {TARGET_QUOTA_ADDED_P50_MS:g} ms) "
+            f"{'OK' if quotas['added_p50_ok'] else 'MISSED'}; non-2xx {quotas['non_2xx']}; "
+            f"the limiter in-process: p50 {quotas['limiter_in_process']['p50_us']:.1f} us, "
+            f"p90 {quotas['limiter_in_process']['p90_us']:.1f} us a call"
+        )
     shadow = result.get("shadow")
     if shadow and "error" in shadow:
         print(f"\nshadow: not measured: {shadow['error']}")

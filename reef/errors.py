@@ -127,6 +127,20 @@ class EngineUnavailable(EngineError):
     code = "engine_unavailable"
 
 
+class RateLimited(ReefError):
+    """A token's quota is spent for now (auth.tokens[].quota): OpenAI's 429, with how long
+    until the window that is full ends (the HTTP boundary sends it as Retry-After). `type` is
+    the count at its limit, "requests" or "tokens", as OpenAI's own 429s say."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int, type: str, code: str | None = None):
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+        self.type = type
+
+
 class ServiceUnavailable(ReefError):
     """Something this request needs is not running here (a worker, say)."""
 

@@ -348,11 +348,38 @@ class ArtifactSettings(_Section):
     s3_region: str | None = Field(None, description="S3 region; default: boto3's chain")
 
 
+class QuotaSettings(_Section):
+    """Limits on one token's calls, counted in the database (every replica shares them) in
+    fixed windows: the minute and the UTC day. None: no limit."""
+
+    requests_per_minute: int | None = Field(None, ge=1, description="inference calls a minute")
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="prompt + completion tokens a minute"
+    )
+    tokens_per_day: int | None = Field(
+        None, ge=1, description="prompt + completion tokens a UTC day (a daily budget)"
+    )
+
+    @property
+    def limited(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.requests_per_minute, self.tokens_per_minute, self.tokens_per_day)
+        )
+
+
 class TokenSettings(_Section):
     name: str
     sha256: str = Field(description="hex sha256 of the token; `reef token` makes one")
     admin: bool = False
     scenarios: tuple[str, ...] = ()
+    quota: QuotaSettings = Field(
+        QuotaSettings(), description="limits over all the token's scenarios together"
+    )
+    scenario_quotas: dict[str, QuotaSettings] = Field(
+        default_factory=dict,
+        description="limits per scenario (scenario name -> limits), besides `quota`",
+    )
 
     @field_validator("sha256")
     @classmethod

@@ -98,6 +98,7 @@ async def messages(request: Request) -> Response:
                     svc.metrics.record_written(
                         scenario.name, call.route, done.response.get("usage")
                     )
+                    svc.quotas.spend(call.record_id, done.response.get("usage"))
                     yield event(*translator.stop())
         except ReefError as e:
             log.error("stream %s failed: %s", call.record_id, e.message)

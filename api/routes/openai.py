@@ -84,6 +84,7 @@ async def chat_completions(request: Request) -> Response:
                     svc.metrics.record_written(
                         scenario.name, call.route, done.response.get("usage")
                     )
+                    svc.quotas.spend(call.record_id, done.response.get("usage"))
                     yield b"data: [DONE]\n\n"
         except ReefError as e:
             log.error("stream %s failed: %s", call.record_id, e.message)

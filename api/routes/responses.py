@@ -166,6 +166,7 @@ async def create_response(request: Request) -> Response:
                     svc.metrics.record_written(
                         scenario.name, call.route, done.response.get("usage")
                     )
+                    svc.quotas.spend(call.record_id, done.response.get("usage"))
         except ReefError as e:
             log.error("stream %s failed: %s", call.record_id, e.message)
             svc.metrics.errors.labels(e.type, e.code or "").inc()
@@ -210,6 +211,7 @@ async def _passed_through(
                     svc.metrics.record_written(
                         scenario.name, call.route, record.response.get("usage")
                     )
+                    svc.quotas.spend(call.record_id, record.response.get("usage"))
         except ReefError as e:
             log.error("stream %s failed: %s", call.record_id, e.message)
             svc.metrics.errors.labels(e.type, e.code or "").inc()

@@ -646,3 +646,17 @@ async def jobs(request: Request, scenario: str) -> Response:
         live=live,
         worker=svc.evolver is not None,
     )
+
+
+# quotas --------------------------------------------------------------------------------
+@router.get("/quotas")
+@page
+async def quotas(request: Request) -> Response:
+    """Each token's quotas and what their current windows used (an admin sees every token,
+    another token its own)."""
+    svc = services(request)
+    who = await viewer(request)
+    rows = await _call(svc.quotas.usage)
+    if not who.principal.admin:
+        rows = [r for r in rows if r["token"] == who.principal.name]
+    return _render(request, "quotas.html", who, rows=rows)

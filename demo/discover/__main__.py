@@ -2,7 +2,7 @@
 
     .venv/bin/python -m demo.discover [--n 5] [--groups 2] [--rollouts 4] [--steps 2]
         [--arms ttt,search,random] [--model smollm2] [--archive-store DIR|s3://bucket/prefix]
-        [--state-dir DIR] [--docs] [--json]
+        [--state-dir DIR] [-c FILE] [--allow-weak-sandbox] [--docs] [--json]
 
 Starts `reef serve` (its evolve worker on, recipe `tttd`, batch = one G×R grid) and runs each
 arm in its own scenario at the same rollout budget (steps × G × R): "ttt" reports every
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from demo.discover.harness import ArchiveStore, Config, Reef, StepResult, discover
-from demo.discover.sandbox import Limits
+from demo.discover.sandbox import Limits, SandboxUnavailable, boundary_for
+from demo.discover.settings import load
 from demo.server import Server
 from reef.artifacts import open_artifacts
 
@@ -113,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     # are the untempered model's, which the IS loss treats as the sampler's.
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
     p.add_argument("--timeout", type=float, default=20.0, help="program wall limit, seconds")
+    p.add_argument("-c", "--config", type=Path, help="YAML file with a `discover:` section")
+    p.add_argument(
+        "--allow-weak-sandbox",
+        action="store_true",
+        help="as discover.allow_weak_sandbox: true (no bubblewrap boundary; trusted programs only)",
+    )
     p.add_argument("--lr", type=float, default=4e-5, help="tttd learning rate (§3.3: 4e-5)")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--engine", default="embedded", choices=["embedded", "vllm"])
@@ -141,9 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
-        limits=Limits(wall_s=args.timeout),
+        limits=Limits(
+            wall_s=args.timeout,
+            allow_weak_sandbox=args.allow_weak_sandbox or load(args.config).allow_weak_sandbox,
+        ),
         judges=min(2, os.cpu_count() or 1),
     )
+    try:
+        boundary = boundary_for(cfg.limits)  # before the server starts: no boundary, no run
+    except SandboxUnavailable as e:
+        print(f"python -m demo.discover: {e.message}", file=sys.stderr)
+        return 2
     started = time.monotonic()
 
     def say(message: str) -> None:
@@ -173,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start(timeout_s=600)
         say(f"reef serve on {server.url} (state {state_dir}, log {server.log_path})")
+        say(f"programs run behind: {boundary}")
         for arm in arms:
             reef = Reef(server.url, f"discover-{arm}", args.model)
             arm_dir = state_dir / arm

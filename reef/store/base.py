@@ -17,6 +17,7 @@ from reef.store.chain import ChainStore
 from reef.store.database import Lifecycle
 from reef.store.engines import EngineStore
 from reef.store.jobs import JobStore
+from reef.store.quotas import Quotas
 from reef.store.records import RecordStore
 from reef.store.reports import ReportStore
 from reef.store.scenarios import ScenarioStore
@@ -53,3 +54,9 @@ class Store(
     NotFound for a missing scenario/record, Conflict for a clashing id, StoreError when the
     database itself fails.
     """
+
+    @property
+    def quotas(self) -> Quotas:
+        """Request and token counters per token and scenario, shared by every replica
+        (reef.store.quotas: its own connections, outside the nouns' transactions)."""
+        ...

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from sqlalchemy import Engine
+
 from reef.store.base import Store
 from reef.store.chain import SQLChain
 from reef.store.connect import create_sql_engine
 from reef.store.database import MIGRATIONS
 from reef.store.engines import SQLEngines
 from reef.store.jobs import SQLJobs
+from reef.store.quotas import SQLQuotas
 from reef.store.records import SQLRecords
 from reef.store.reports import SQLReports
 from reef.store.scenarios import SQLScenarios
@@ -53,6 +56,19 @@ class SQLStore(
     """Every noun's SQL store on one SQLAlchemy engine (one pool, one set of transactions).
     Writes go through Core (no ORM objects on the hot path); records go through the DB-API
     directly (see reef.store.rows.RecordInsert)."""
+
+    def __init__(self, engine: Engine):
+        super().__init__(engine)
+        self._quotas = SQLQuotas(engine)
+
+    @property
+    def quotas(self) -> SQLQuotas:
+        """Request and token counters per token and scenario (reef.store.quotas)."""
+        return self._quotas
+
+    def close(self) -> None:
+        self._quotas.close()
+        super().close()
 
     def __repr__(self) -> str:
         return f"SQLStore({self.engine.url.render_as_string(hide_password=True)!r})"

@@ -38,6 +38,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "ui_sessions",
         "shadow_records",
         "engines",
+        "quota_counters",
     }
     for table in (
         tables.scenarios,

@@ -1,0 +1,40 @@
+"""The discovery demo's own settings: the `discover:` section of the YAML file given with
+`python -m demo.discover -c FILE` (Reef's server settings are separate; the demo starts the
+server with its own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reef.errors import ConfigError
+
+
+class DiscoverSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_weak_sandbox: bool = Field(
+        False,
+        description="run programs without the bubblewrap boundary where it cannot be made "
+        "(audit hook and `unshare -n` only: native code gets around them; trusted programs "
+        "only). Off: the demo refuses to start there.",
+    )
+
+
+def load(path: Path | None) -> DiscoverSettings:
+    """The `discover:` section of `path` (defaults where there is no file or no section)."""
+    if path is None:
+        return DiscoverSettings()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+    section = data.get("discover", {}) if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: `discover` must be a mapping")
+    try:
+        return DiscoverSettings.model_validate(section)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: invalid discover settings: {e}") from None
