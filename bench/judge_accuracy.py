@@ -262,7 +262,7 @@ def main() -> None:
     consensus = consensus_labels(items, others)
     print(f"{len(items)} items, {sum(i.clear for i in items)} clear; annotators: 1 + {len(others)}")
 
-    reader = Reader(model_dir, threads=args.threads)
+    reader = Reader(model_dir, threads=args.threads, cache_dir=cache / "judge")
     results: dict[str, dict[str, Any]] = {}
     for name, judge in likelihood_judges(reader).items():
         outcomes = [judge(i) for i in items]

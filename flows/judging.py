@@ -99,7 +99,8 @@ def shared_reader(settings: Settings) -> Reader:
     with _READERS_LOCK:
         if model_dir not in _READERS:
             log.info("loading %s to judge turns by likelihood", model_dir)
-            _READERS[model_dir] = Reader(model_dir)
+            cache = settings.engine.model_cache / "judge"  # seed readings, once per machine
+            _READERS[model_dir] = Reader(model_dir, cache_dir=cache)
         return _READERS[model_dir]
 
 

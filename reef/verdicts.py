@@ -24,6 +24,7 @@ training.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import threading
@@ -95,7 +96,9 @@ class Reader:
     """A causal LM that reads reactions after the fixed text. Thread-safe (one pass at a time:
     the worker judges several turns at once, the model takes them one by one)."""
 
-    def __init__(self, model_dir: Path, *, threads: int = 1):
+    def __init__(self, model_dir: Path, *, threads: int = 1, cache_dir: Path | None = None):
+        """`cache_dir`: where the features of reactions read before are kept across processes
+        (a file per model and fixed text), so the seed labels are read once per machine."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -103,6 +106,9 @@ class Reader:
         self.model_dir = model_dir
         self.threads = threads
         self._lock = threading.Lock()
+        self._known: dict[tuple[str, str], np.ndarray] = {}
+        self._cache_file = cache_dir / f"{self._fingerprint()}.npz" if cache_dir else None
+        self._load_cache()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()
@@ -112,6 +118,52 @@ class Reader:
         with self._threads(), torch.inference_mode():
             out = self.model(**prefix, use_cache=True)
         self._prefix_cache = out.cache
+
+    def _fingerprint(self) -> str:
+        """What a reading depends on: the model's files, the fixed text, how reactions show."""
+        h = hashlib.sha256()
+        for name in ("config.json", "model.safetensors"):
+            f = self.model_dir / name
+            if f.exists():
+                st = f.stat()
+                h.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update(str(self.model_dir.resolve()).encode())
+        h.update(f"{fixed_text()}|{MAX_REACTION_CHARS}|{LABELS}".encode())
+        return f"{self.model_dir.name}-{h.hexdigest()[:16]}"
+
+    def _load_cache(self) -> None:
+        if self._cache_file is None or not self._cache_file.exists():
+            return
+        try:
+            with np.load(self._cache_file, allow_pickle=False) as z:
+                keys = json.loads(str(z["keys"]))
+                for (role, text), row in zip(keys, z["features"], strict=True):
+                    self._known[(role, text)] = row
+        except (OSError, ValueError, KeyError) as e:  # a broken cache is read again
+            log.warning("ignoring the judge's feature cache %s: %s", self._cache_file, e)
+
+    def _save_cache(self) -> None:
+        if self._cache_file is None or not self._known:
+            return
+        keys = list(self._known)
+        self._cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._cache_file.with_suffix(".tmp.npz")
+        np.savez(
+            tmp, keys=np.array(json.dumps(keys)), features=np.stack(list(self._known.values()))
+        )
+        tmp.replace(self._cache_file)  # whole or not at all
+
+    def features(self, reactions: Sequence[tuple[str, str]]) -> np.ndarray:
+        """The probe's features of each (role, text) reaction: read once, in batches, then
+        kept (in memory and in `cache_dir`)."""
+        todo = list(dict.fromkeys(r for r in reactions if r not in self._known))
+        if todo:
+            started = time.perf_counter()
+            for key, reading in zip(todo, self.read_many(todo), strict=True):
+                self._known[key] = reading.features()
+            log.info("read %d reactions in %.1f s", len(todo), time.perf_counter() - started)
+            self._save_cache()
+        return np.stack([self._known[r] for r in reactions])
 
     def _first_token(self, word: str) -> int:
         ids = self.tokenizer(word, add_special_tokens=False).input_ids
@@ -298,15 +350,11 @@ class LikelihoodJudge:
         self.probe = probe
         self.min_confidence = min_confidence
         self.hints = hints
-        self._features: dict[tuple[str, str], np.ndarray] = {}
 
     def fit(self, labelled: Sequence[Labelled]) -> None:
         """Refit the probe on these labelled reactions (the seed set plus the scenario's).
-        Readings are kept by reaction, so a refit reads only the reactions it has not read."""
-        todo = [(r.role, r.text) for r in labelled if (r.role, r.text) not in self._features]
-        for key, reading in zip(todo, self.reader.read_many(todo), strict=True):
-            self._features[key] = reading.features()
-        x = np.stack([self._features[(r.role, r.text)] for r in labelled])
+        The reader keeps what it read, so a refit reads only reactions it has not read."""
+        x = self.reader.features([(r.role, r.text) for r in labelled])
         self.probe = Probe().fit(x, [r.label for r in labelled])
 
     def verdict(self, reading: Reading) -> tuple[int, float, dict[str, float]]:

@@ -108,3 +108,16 @@ def test_reading_many_at_once_equals_reading_one_by_one(reader: Reader) -> None:
         one = reader.read(role, text)
         assert got.tokens == one.tokens
         assert np.allclose(got.features(), one.features(), atol=1e-4)
+
+
+def test_readings_are_kept_for_the_next_reader_in_the_cache_dir(tmp_path: Path) -> None:
+    model = resolve_model("tiny", CACHE)
+    pairs = [(s.role, s.text) for s in seed_labels()[:6]]
+    first = Reader(model, cache_dir=tmp_path).features(pairs)
+    (cached,) = tmp_path.glob("*.npz")
+    written = cached.stat().st_mtime_ns
+    again = Reader(model, cache_dir=tmp_path).features(pairs)
+    assert np.array_equal(first, again)
+    assert cached.stat().st_mtime_ns == written  # nothing new was read, nothing written
+    cached.write_bytes(b"not a cache")  # a broken cache is read again, not trusted
+    assert np.allclose(Reader(model, cache_dir=tmp_path).features(pairs), first, atol=1e-4)
