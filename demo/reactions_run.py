@@ -98,6 +98,11 @@ class Conversations:
         r.raise_for_status()
         return str(r.json()["head_release_id"])
 
+    def status(self) -> dict:
+        r = self.http.get(f"/reef/scenarios/{SCENARIO}/status")
+        r.raise_for_status()
+        return dict(r.json())
+
     def decided(self) -> list[dict]:
         """The scenario's candidates the gate has decided (published, rejected, ...)."""
         r = self.http.get(f"/reef/scenarios/{SCENARIO}/candidates")
@@ -148,7 +153,6 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
             t0 = time.monotonic()
             pool = [train[(args.sessions * (n - 1) + i) % len(train)] for i in range(args.sessions)]
             ok = [app.session(q) for q in pool]
-            first_replies += ok
             say(f"round {n}: {args.sessions} sessions, {sum(ok)} first answers suited the user")
             reacted = time.monotonic()
             deadline = reacted + args.round_timeout
@@ -157,7 +161,13 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
                     raise RuntimeError(
                         f"no decision in {args.round_timeout:.0f}s:\n{server.log()[-4000:]}"
                     )
+                if _short(app.status(), len(first_replies) + len(ok)):
+                    # the gate keeps some judged turns for evaluation: the batch needs more
+                    q = train[(args.sessions * n + len(ok)) % len(train)]
+                    ok.append(app.session(q))
+                    say(f"round {n}: one more session for the batch ({len(ok)} in this round)")
                 time.sleep(1.0)
+            first_replies += ok
             verdict = app.decided()[0]
             if verdict["status"] != "published":
                 say(
@@ -210,6 +220,14 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
     say(f"curve {png}; MLflow run {run_id} in experiment reef/{SCENARIO}")
     save_figures(state_dir / "artifacts", SCENARIO, steps, "python -m demo.reactions_run")
     return steps
+
+
+def _short(status: dict, sessions: int) -> bool:
+    """Every session so far is judged, yet the batch is not full: some judged turns went to
+    the gate's evaluation pool (gate.holdout), which never trains."""
+    judge = status.get("judge") or {}
+    judged = judge.get("judged", 0) + sum(judge.get("dropped", {}).values())
+    return judged >= sessions and not status["ready"] and status["eligible"] > 0
 
 
 def _until_three(passed: list[bool]) -> int | None:

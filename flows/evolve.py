@@ -34,6 +34,7 @@ from reef.artifacts import artifacts_for
 from reef.datasets import Snapshot, load
 from reef.errors import NothingToTrain
 from reef.experience import Experience
+from reef.readiness import EMPTY_POOL
 from reef.recipe import Recipe, WeightsRecipe, load_recipe
 from reef.records import Release, new_id
 from reef.settings import Settings, load_settings
@@ -195,6 +196,9 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
         if share
         else []
     )
+    if share and not held_out:  # nothing to decide on: keep the batch for when there is
+        get_run_logger().info("%s: %s", run.scenario, EMPTY_POOL)
+        return NotReady(len(train_rows), loop.batch_size, EMPTY_POOL)
     return Batch(snapshot, experience, train_rows, held_out)
 
 

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from reef.settings import LoopSettings
 
 
+EMPTY_POOL = "the gate's evaluation pool is empty: waiting for a held-out sample to decide on"
+
+
 @dataclass(frozen=True)
 class Readiness:
     """Whether a scenario has a batch waiting for its recipe (computed, never stored)."""
@@ -31,6 +34,7 @@ class Readiness:
     awaiting_feedback: int
     last_materialization: dict[str, Any] | None
     judge: JudgeQuality | None = None  # None: the scenario has no judgment yet
+    waiting: str | None = None  # why a full batch is not ready yet
 
 
 def readiness(
@@ -46,7 +50,9 @@ def readiness(
 
     `holdout` is the share of samples that are evaluation samples (reef.evaluation_pool:
     `fraction(settings)`): they never train, so they count among the dropped, as "held_out",
-    not toward the batch."""
+    not toward the batch. With a share, a batch is ready only once the gate has at least one
+    evaluation sample to decide on: a batch trained before that would be refused for want of
+    evidence and its samples spent."""
     kind = check_kind(recipe_kind or recipe_class(loop_settings.recipe).kind)
     exp = collect(
         store,
@@ -66,13 +72,16 @@ def readiness(
         last = last_materialization(artifacts, scenario)
     quality = judge_quality(reports_of(store, scenario))
     judged = quality.judged or quality.dropped
+    full = len(trainable) >= loop_settings.batch_size
+    no_evidence = holdout > 0 and len(trainable) == len(exp.samples)
     return Readiness(
         judge=quality if judged else None,
+        waiting=EMPTY_POOL if full and no_evidence else None,
         scenario=scenario,
         kind=kind,
         eligible=len(trainable),
         batch_size=loop_settings.batch_size,
-        ready=len(trainable) >= loop_settings.batch_size,
+        ready=full and not no_evidence,
         dropped=dropped,
         awaiting_feedback=exp.awaiting_feedback,
         last_materialization=last,

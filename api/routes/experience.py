@@ -30,6 +30,9 @@ class StatusOut(BaseModel):
         description="the scenario's latest dataset snapshot (uri: admins only, content_hash, "
         "kind, rows, created_at)"
     )
+    waiting: str | None = Field(
+        None, description="why a full batch is not ready yet (e.g. the gate has no evidence)"
+    )
     judge: dict[str, Any] | None = Field(
         None,
         description="the judge's record on this scenario (null before its first judgment): "
@@ -73,5 +76,6 @@ async def scenario_status(
         dropped=dict(sorted(r.dropped.items())),
         awaiting_feedback=r.awaiting_feedback,
         last_materialization=last,
+        waiting=r.waiting,
         judge=r.judge.as_dict() if r.judge is not None else None,
     )

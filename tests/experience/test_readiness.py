@@ -14,7 +14,7 @@ from api.app import create_app
 from cli.serve import build_engine
 from recipes.harness.recipe import HarnessRecipe
 from reef.experience import collect
-from reef.readiness import readiness
+from reef.readiness import EMPTY_POOL, readiness
 from reef.settings import load_settings
 from reef.store.sql import SQLStore, open_store
 from tests.experience.conftest import record, report, session
@@ -58,11 +58,13 @@ def test_harness_status_and_metrics(database_url: str, tmp_path: Path) -> None:
     with TestClient(app, base_url="http://localhost") as client:  # a Host it answers for
         status = client.get(f"/reef/scenarios/{S}/status").json()
         assert (status["recipe"], status["kind"]) == ("harness", "scored")
-        assert (status["eligible"], status["ready"], status["dropped"]) == (2, True, {})
+        # a full batch, but the gate would have nothing to decide on: not ready, and why
+        assert (status["eligible"], status["ready"], status["dropped"]) == (2, False, {})
+        assert status["waiting"] == EMPTY_POOL
         line = f'reef_experience_eligible{{kind="scored",scenario="{S}"}} 2.0'
         deadline, text = time.monotonic() + 30, ""
         while line not in text and time.monotonic() < deadline:
             text = client.get("/metrics").text  # computed in the background: poll
             time.sleep(0.2)
         assert line in text
-        assert f'reef_experience_ready{{kind="scored",scenario="{S}"}} 1.0' in text
+        assert f'reef_experience_ready{{kind="scored",scenario="{S}"}} 0.0' in text

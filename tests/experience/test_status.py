@@ -20,6 +20,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
     config.write_text(
         "server:\n  metrics_scenario_labels: true\n"
         "engine:\n  default_max_tokens: 4\nreef:\n  batch_size: 2\n"
+        # sampled answers decide which samples the gate holds out: none here, so the counts
+        # are the same in every run (tests/experience/test_readiness.py covers the pool)
+        "gate:\n  holdout: 0.0\n"
     )
     with InProcessReef(state, config=config) as srv:
         yield srv
@@ -70,6 +73,7 @@ def test_status_counts_without_side_effects(server: InProcessReef) -> None:
     before = _state(server, scenario)
     body = httpx.get(url).json()
     assert (body["eligible"], body["ready"], body["awaiting_feedback"]) == (2, True, 0)
+    assert body["waiting"] is None
     assert body["dropped"] == {"no_score": 1} and body["last_materialization"] is None
     assert httpx.get(url).json() == body
     assert _state(server, scenario) == before == (3, 3)
