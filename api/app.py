@@ -131,7 +131,7 @@ def create_app(
     )
     local = LocalEngine(engine, serving, variants)
     # Rollbacks, promotes and harness releases through this process reach every engine that
-    # serves the scenarios (engine.admin_urls, engine.registry): this one in process, the
+    # serves the scenarios (engine.fleet.admin_urls, engine.fleet.registry): this one in process, the
     # others over HTTP.
     engines = engines_for(settings, (settings.server_url, local), store)
     svc = Services(
@@ -158,11 +158,11 @@ def create_app(
         # Heads deployed while this process was down are loaded now, not by a first call.
         catch_up = asyncio.create_task(variants.catch_up()) if variants is not None else None
         beating = None
-        if settings.engine.registry:  # deploys made anywhere reach this engine from now on
+        if settings.engine.fleet.registry:  # deploys made anywhere reach this engine from now on
             own = settings.engine_advertise_url
             await registration.register(store, own)
             beating = asyncio.create_task(
-                registration.heartbeat(store, own, settings.engine.heartbeat_s)
+                registration.heartbeat(store, own, settings.engine.fleet.heartbeat_s)
             )
         if evolver is not None:
             evolver.start()

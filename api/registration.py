@@ -1,7 +1,7 @@
-"""A serving process's entry in the engine registry (engine.registry): deploys made anywhere
+"""A serving process's entry in the engine registry (engine.fleet.registry): deploys made anywhere
 (a worker's, another replica's rollback) reach every engine whose heartbeat is fresh
 (deploy.engine.Registered), so replicas join a fleet by starting, and leave it by stopping
-(a clean shutdown) or by going silent for engine.registry_ttl_s (a crash)."""
+(a clean shutdown) or by going silent for engine.fleet.registry_ttl_s (a crash)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ async def register(store: Store, url: str) -> None:
 
 async def heartbeat(store: Store, url: str, every_s: float) -> None:
     """Renew the entry every `every_s` until cancelled; then leave the registry. A renewal
-    that fails is logged: the entry stays live until engine.registry_ttl_s."""
+    that fails is logged: the entry stays live until engine.fleet.registry_ttl_s."""
     try:
         while True:
             await asyncio.sleep(every_s)

@@ -38,7 +38,7 @@ def config(sessions: int, lr: float | None, batch: int) -> dict:
     if lr is not None:  # else the recipe's default for its mode
         params["learning_rate"] = lr
     return {
-        "engine": {"max_batch_size": 16},
+        "engine": {"embedded": {"max_batch_size": 16}},
         "reef": {
             "recipe": "openclaw",
             "batch_size": sessions,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from reef.errors import ReefError
-from reef.settings import Settings, conceal, load_settings, split_secrets
+from reef.settings import Settings, conceal, load_settings, secret_names, split_secrets
 
 log = logging.getLogger("reef.worker")
 
@@ -99,7 +99,7 @@ def _public(overrides: dict[str, Any]) -> dict[str, Any]:
         log.info(
             "secret settings (%s) are not sent to the deployment run: its worker's settings "
             "file or REEF_* environment provides them",
-            ", ".join(f"{s}.{k}" for s, keys in secret.items() for k in keys),
+            ", ".join(secret_names(secret)),
         )
     return public
 

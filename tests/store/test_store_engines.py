@@ -1,4 +1,4 @@
-"""The engine registry (engine.registry): replicas' heartbeats, on both backends."""
+"""The engine registry (engine.fleet.registry): replicas' heartbeats, on both backends."""
 
 from __future__ import annotations
 
