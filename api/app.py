@@ -131,8 +131,8 @@ def create_app(
     )
     local = LocalEngine(engine, serving, variants)
     # Rollbacks, promotes and harness releases through this process reach every engine that
-    # serves the scenarios (engine.fleet.admin_urls, engine.fleet.registry): this one in process, the
-    # others over HTTP.
+    # serves the scenarios (engine.fleet.admin_urls, engine.fleet.registry): this one in
+    # process, the others over HTTP.
     engines = engines_for(settings, (settings.server_url, local), store)
     svc = Services(
         settings=settings,

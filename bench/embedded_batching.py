@@ -27,14 +27,14 @@ skips that):
   has streamed a few tokens), on engines reading prompts whole (`prefill_chunk_tokens` 0) and in
   chunks (`--chunks`, default the engine's), each fused with the decode steps and in separate
   passes (`--fuse on,off`), and paced to inter-token latency targets (`--itl-targets`:
-  milliseconds, `engine.embedded.itl_target_ms`, or a headroom over a plain round such as 15%,
-  `engine.embedded.itl_headroom`; chunks sized from measured round times): inter-token latency p50 /
-  p99 / max of the eight running requests with and without the long prompt, the long prompt's
-  time to first token, and (`--traffic N`) ordinary traffic on the same engine: N streamed
+  milliseconds, `engine.embedded.itl_target_ms`, or a headroom over a plain round such as
+  15%, `engine.embedded.itl_headroom`; chunks sized from measured round times): inter-token
+  latency p50 / p99 / max of the eight running requests with and without the long prompt, the
+  long prompt's time to first token, and (`--traffic N`) ordinary traffic on the same engine: N streamed
   requests with 8 in flight, short prompts arriving while others decode (tokens/s, TTFT).
 - `--shared-prefix N`: the n requests open with one system prompt of N tokens, at 1 and 8 in
-  flight, with the prefix cache off and on (`engine.embedded.prefix_cache_mb`): tokens/s, time to first
-  token, and whether the greedy ids agree.
+  flight, with the prefix cache off and on (`engine.embedded.prefix_cache_mb`): tokens/s, time
+  to first token, and whether the greedy ids agree.
 - `--precision`: float32 against bfloat16 (`engine.embedded.dtype`): greedy token agreement on 16
   prompts (prompts whose whole answer is the same, and the share of tokens before the first
   difference), tokens/s at 1 and 8 in flight, and how far bfloat16's recorded log-probs are from
@@ -858,7 +858,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--fuse",
         default="on,off",
-        help="engine.embedded.fuse_prefill settings each chunk setting runs with: on, off or on,off",
+        help="engine.embedded.fuse_prefill settings each chunk setting runs with: on, off or "
+        "on,off",
     )
     p.add_argument(
         "--itl-targets",

@@ -53,8 +53,9 @@ def serve(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     )
     settings.server.state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
-    # The admin token deploys bring: a fleet's engines (engine.fleet.admin_urls) share the configured
-    # reef.engine_token, which this server accepts on its admin routes and its worker sends.
+    # The admin token deploys bring: a fleet's engines (engine.fleet.admin_urls) share the
+    # configured reef.engine_token, which this server accepts on its admin routes and its worker
+    # sends.
     configured = settings.reef.engine_token
     engine_token = configured.get_secret_value() if configured is not None else None
     evolver = None

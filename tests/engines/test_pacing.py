@@ -1,5 +1,5 @@
-"""Prompt chunks sized from measured round times (`engine.embedded.itl_target_ms`): the cost model on
-its own, and the embedded engine reading a long prompt paced by it."""
+"""Prompt chunks sized from measured round times (`engine.embedded.itl_target_ms`): the cost
+model on its own, and the embedded engine reading a long prompt paced by it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""How the embedded engine computes: in bfloat16 (engine.embedded.dtype), the base model and a LoRA
-adapter in one batch, each recorded log-prob the one a teacher-forced forward pass of the same
-bfloat16 weights gives; and through oneDNN's packed linear layers (engine.embedded.packed_linear), what
-plain nn.Linear layers give."""
+"""How the embedded engine computes: in bfloat16 (engine.embedded.dtype), the base model and a
+LoRA adapter in one batch, each recorded log-prob the one a teacher-forced forward pass of the
+same bfloat16 weights gives; and through oneDNN's packed linear layers
+(engine.embedded.packed_linear), what plain nn.Linear layers give."""
 
 from __future__ import annotations
 
@@ -95,8 +95,8 @@ def test_dtype_is_a_setting_and_an_unknown_one_is_refused() -> None:
 
 
 def test_packed_linear_layers_compute_what_plain_ones_do(tiny_dir: Path) -> None:
-    """oneDNN with packed weights (engine.embedded.packed_linear, the default) against plain nn.Linear:
-    the same greedy tokens, log-probs equal to float32 rounding."""
+    """oneDNN with packed weights (engine.embedded.packed_linear, the default) against plain
+    nn.Linear: the same greedy tokens, log-probs equal to float32 rounding."""
 
     def answers(packed: bool) -> list[Completion]:
         with running_engine(tiny_dir, packed_linear=packed) as engine:
