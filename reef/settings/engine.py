@@ -265,6 +265,8 @@ def nest_flat_keys(engine: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[s
         inner = out.get(section)
         if isinstance(inner, BaseModel):
             inner = inner.model_dump(exclude_unset=True)
+        if inner is not None and not isinstance(inner, dict):
+            raise ValueError(f"engine.{section} must be a mapping of its keys")
         inner = dict(inner or {})
         if key in inner:
             raise ValueError(
