@@ -51,7 +51,7 @@ class Services:
     """One owner of every shared part of a serving process (one of each per process).
 
     Background work (reef.background) runs beside the requests: the engine registry's
-    heartbeat (engine.registry), the rollout watcher, the readiness numbers behind /metrics,
+    heartbeat (engine.fleet.registry), the rollout watcher, the readiness numbers behind /metrics,
     the shadow copies' writer, and the evolve worker process (reef.auto)."""
 
     settings: Settings
@@ -68,7 +68,7 @@ class Services:
     readiness: ReadinessCollector  # experience readiness in /metrics
     watcher: BackgroundTask  # checks the live canaries (api.rollouts)
     quotas: QuotaGate  # auth.tokens[].quota: admits calls, counts their tokens
-    heartbeat: BackgroundTask | None = None  # the engine registry's entry (engine.registry)
+    heartbeat: BackgroundTask | None = None  # the engine registry's entry (engine.fleet.registry)
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
     _catch_up: asyncio.Task[list[str]] | None = field(default=None, init=False, repr=False)
@@ -117,7 +117,7 @@ class Services:
         )
         local = LocalEngine(engine, serving, variants)
         # Rollbacks, promotes and harness releases through this process reach every engine
-        # that serves the scenarios (engine.admin_urls, engine.registry): this one in
+        # that serves the scenarios (engine.fleet.admin_urls, engine.fleet.registry): this one in
         # process, the others over HTTP.
         engines = engines_for(settings, (settings.server_url, local), store)
         chain = ReleaseChain(settings, store, artifacts, engines, harnesses)
@@ -132,9 +132,9 @@ class Services:
         quotas = QuotaGate(settings.auth.tokens, store.quotas, metrics.registry)
         metrics.registry.register(QuotaCollector(quotas))
         heartbeat = None
-        if settings.engine.registry:  # deploys made anywhere reach this engine
+        if settings.engine.fleet.registry:  # deploys made anywhere reach this engine
             own = settings.engine_advertise_url
-            heartbeat = registration.heartbeat(store, own, settings.engine.heartbeat_s)
+            heartbeat = registration.heartbeat(store, own, settings.engine.fleet.heartbeat_s)
         return cls(
             settings=settings,
             engine=engine,

@@ -27,15 +27,15 @@ skips that):
   has streamed a few tokens), on engines reading prompts whole (`prefill_chunk_tokens` 0) and in
   chunks (`--chunks`, default the engine's), each fused with the decode steps and in separate
   passes (`--fuse on,off`), and paced to inter-token latency targets (`--itl-targets`:
-  milliseconds, `engine.itl_target_ms`, or a headroom over a plain round such as 15%,
-  `engine.itl_headroom`; chunks sized from measured round times): inter-token latency p50 /
-  p99 / max of the eight running requests with and without the long prompt, the long prompt's
-  time to first token, and (`--traffic N`) ordinary traffic on the same engine: N streamed
+  milliseconds, `engine.embedded.itl_target_ms`, or a headroom over a plain round such as
+  15%, `engine.embedded.itl_headroom`; chunks sized from measured round times): inter-token
+  latency p50 / p99 / max of the eight running requests with and without the long prompt, the
+  long prompt's time to first token, and (`--traffic N`) ordinary traffic on the same engine: N streamed
   requests with 8 in flight, short prompts arriving while others decode (tokens/s, TTFT).
 - `--shared-prefix N`: the n requests open with one system prompt of N tokens, at 1 and 8 in
-  flight, with the prefix cache off and on (`engine.prefix_cache_mb`): tokens/s, time to first
-  token, and whether the greedy ids agree.
-- `--precision`: float32 against bfloat16 (`engine.dtype`): greedy token agreement on 16
+  flight, with the prefix cache off and on (`engine.embedded.prefix_cache_mb`): tokens/s, time
+  to first token, and whether the greedy ids agree.
+- `--precision`: float32 against bfloat16 (`engine.embedded.dtype`): greedy token agreement on 16
   prompts (prompts whose whole answer is the same, and the share of tokens before the first
   difference), tokens/s at 1 and 8 in flight, and how far bfloat16's recorded log-probs are from
   a teacher-forced bfloat16 forward pass.
@@ -67,8 +67,9 @@ from typing import Any
 import torch
 
 from reef.engines.base import Completion
-from reef.engines.embedded import PREFILL_CHUNK_TOKENS, EmbeddedEngine
+from reef.engines.embedded import EmbeddedEngine
 from reef.models import model_id, resolve_model
+from reef.settings import EmbeddedSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = Path("~/.cache/reef/models")
@@ -278,10 +279,12 @@ async def bench_hf_and_reef(
     engine = EmbeddedEngine(
         model_dir,
         model_id(spec),
-        max_batch_size=max(levels),
-        dtype=dtype,
-        itl_target_ms=(pace or {}).get("itl_target_ms"),
-        itl_headroom=(pace or {}).get("itl_headroom"),
+        EmbeddedSettings(
+            max_batch_size=max(levels),
+            dtype=dtype,
+            itl_target_ms=(pace or {}).get("itl_target_ms"),
+            itl_headroom=(pace or {}).get("itl_headroom"),
+        ),
     )
     await engine.start()
     runs: list[dict[str, Any]] = []
@@ -431,11 +434,13 @@ async def bench_long_prompt(
         engine = EmbeddedEngine(
             model_dir,
             model_id(spec),
-            max_batch_size=STATIC_BATCH + 1,
-            prefill_chunk_tokens=chunk,
-            fuse_prefill=fused,
-            itl_target_ms=target.get("itl_target_ms"),
-            itl_headroom=target.get("itl_headroom"),
+            EmbeddedSettings(
+                max_batch_size=STATIC_BATCH + 1,
+                prefill_chunk_tokens=chunk,
+                fuse_prefill=fused,
+                itl_target_ms=target.get("itl_target_ms"),
+                itl_headroom=target.get("itl_headroom"),
+            ),
         )
         setting = {"prefill_chunk_tokens": chunk, "fuse_prefill": fused, **UNPACED, **target}
         how = f"prefill chunk {chunk}, {'fused' if fused else 'separate passes'}" + (
@@ -486,7 +491,9 @@ async def bench_shared_prefix(
     runs = []
     for cache_mb in (0, 256):
         engine = EmbeddedEngine(
-            model_dir, model_id(spec), max_batch_size=STATIC_BATCH, prefix_cache_mb=cache_mb
+            model_dir,
+            model_id(spec),
+            EmbeddedSettings(max_batch_size=STATIC_BATCH, prefix_cache_mb=cache_mb),
         )
         await engine.start()
         try:
@@ -563,7 +570,9 @@ async def bench_precision(model_dir: Path, spec: str, max_tokens: int) -> dict[s
     runs: dict[str, dict[str, Any]] = {}
     answers: dict[str, list[Completion]] = {}
     for dtype in ("float32", "bfloat16"):
-        engine = EmbeddedEngine(model_dir, model_id(spec), max_batch_size=STATIC_BATCH, dtype=dtype)
+        engine = EmbeddedEngine(
+            model_dir, model_id(spec), EmbeddedSettings(max_batch_size=STATIC_BATCH, dtype=dtype)
+        )
         await engine.start()
         try:
             await precision_pass(engine, STATIC_BATCH, 8)  # warm-up
@@ -843,20 +852,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--chunks",
-        default=f"0,{PREFILL_CHUNK_TOKENS}",
+        default=f"0,{EmbeddedSettings().prefill_chunk_tokens}",
         help="prefill_chunk_tokens settings the long prompt is read with (0: whole)",
     )
     p.add_argument(
         "--fuse",
         default="on,off",
-        help="engine.fuse_prefill settings each chunk setting runs with: on, off or on,off",
+        help="engine.embedded.fuse_prefill settings each chunk setting runs with: on, off or "
+        "on,off",
     )
     p.add_argument(
         "--itl-targets",
         default="none",
         help="pacing settings each chunk setting runs with: none, a target in ms "
-        "(engine.itl_target_ms) or a headroom over a plain round such as 15%% "
-        "(engine.itl_headroom)",
+        "(engine.embedded.itl_target_ms) or a headroom over a plain round such as 15%% "
+        "(engine.embedded.itl_headroom)",
     )
     p.add_argument(
         "--reps",
@@ -878,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype",
         default="float32",
         choices=["float32", "bfloat16"],
-        help="engine.dtype of Reef's engine in the comparison (HF generate stays float32)",
+        help="engine.embedded.dtype of Reef's engine in the comparison (HF generate stays float32)",
     )
     p.add_argument(
         "--reef-itl-target",

@@ -214,7 +214,7 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
     config = {
         # Serving keeps every core; the worker (training) gets --train-threads through
         # OMP_NUM_THREADS, which the engine's explicit `threads` overrides in the API process.
-        "engine": {"threads": os.cpu_count() or 1},
+        "engine": {"embedded": {"threads": os.cpu_count() or 1}},
         "reef": {"recipe": "sft", "batch_size": args.batch_size, "params": params},
         # `default`: no gate configured, as a new user has it (policy improve, 25 % held out).
         **({} if args.gate == "default" else {"gate": {"policy": args.gate}}),

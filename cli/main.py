@@ -18,23 +18,26 @@ from reef.settings import conceal, load_settings
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Only the flags given on the command line, as nested settings (they beat YAML and env)."""
-    flag_keys = {
+    flag_keys: dict[str, tuple[str, ...]] = {
         "host": ("server", "host"),
         "port": ("server", "port"),
         "state_dir": ("server", "state_dir"),
         "log_level": ("server", "log_level"),
         "engine": ("engine", "kind"),
         "model": ("engine", "model"),
-        "upstream_url": ("engine", "upstream_url"),
-        "upstream_model": ("engine", "upstream_model"),
-        "vllm_url": ("engine", "vllm_url"),
+        "upstream_url": ("engine", "upstream", "url"),
+        "upstream_model": ("engine", "upstream", "model"),
+        "vllm_url": ("engine", "vllm", "url"),
         "database_url": ("store", "database_url"),
     }
-    out: dict[str, dict[str, Any]] = {}
-    for flag, (section, key) in flag_keys.items():
+    out: dict[str, Any] = {}
+    for flag, (*sections, key) in flag_keys.items():
         value = getattr(args, flag, None)
         if value is not None:
-            out.setdefault(section, {})[key] = value
+            place = out
+            for section in sections:
+                place = place.setdefault(section, {})
+            place[key] = value
     return out
 
 

@@ -35,18 +35,9 @@ def build_engine(settings: Settings) -> Engine:
     return EmbeddedEngine(
         resolve_model(cfg.model, cfg.model_cache),
         model_id(cfg.model),
-        max_batch_size=cfg.max_batch_size,
+        cfg.embedded,
         default_max_tokens=settings.default_max_tokens,
-        threads=cfg.threads,
         sampling_defaults=cfg.sampling_defaults,
-        prefill_chunk_tokens=cfg.prefill_chunk_tokens,
-        dtype=cfg.dtype,
-        prefix_cache_mb=cfg.prefix_cache_mb,
-        packed_linear=cfg.packed_linear,
-        fuse_prefill=cfg.fuse_prefill,
-        itl_target_ms=cfg.itl_target_ms,
-        itl_headroom=cfg.itl_headroom,
-        itl_max_wait_ms=cfg.itl_max_wait_ms,
     )
 
 
@@ -62,8 +53,9 @@ def serve(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     )
     settings.server.state_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
-    # The admin token deploys bring: a fleet's engines (engine.admin_urls) share the configured
-    # reef.engine_token, which this server accepts on its admin routes and its worker sends.
+    # The admin token deploys bring: a fleet's engines (engine.fleet.admin_urls) share the
+    # configured reef.engine_token, which this server accepts on its admin routes and its worker
+    # sends.
     configured = settings.reef.engine_token
     engine_token = configured.get_secret_value() if configured is not None else None
     evolver = None

@@ -71,7 +71,7 @@ def config(params: dict, guard: dict | None = None, max_tokens: int = 24) -> dic
     return {
         # All 16 held-out questions in one batch, on every core (an explicit `threads` beats
         # the OMP_NUM_THREADS the evolve worker gets, see `run`).
-        "engine": {"max_batch_size": len(HELD_OUT), "threads": os.cpu_count() or 1},
+        "engine": {"embedded": {"max_batch_size": len(HELD_OUT), "threads": os.cpu_count() or 1}},
         # `always`: every candidate becomes a release (the demo measures it on held-out
         # questions itself); `improve` would gate on the evaluation pool, a few samples at first.
         "reef": {"recipe": "sft", "batch_size": BATCH, "params": params},

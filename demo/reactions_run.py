@@ -43,7 +43,7 @@ def config(sessions: int, lr: float | None, batch: int, judge: str, gate: str) -
     if lr is not None:  # else the recipe's default for its mode
         params["learning_rate"] = lr
     out: dict = {
-        "engine": {"max_batch_size": 16},
+        "engine": {"embedded": {"max_batch_size": 16}},
         "reef": {
             "recipe": "openclaw",
             "batch_size": sessions,

@@ -72,8 +72,8 @@ class ReleaseChain:
     @classmethod
     def for_settings(cls, settings: Settings) -> ReleaseChain:
         """A worker's chain: its own store connection, the serving engines over their admin
-        routes (engine.admin_urls, else reef.engine_url, and the registered ones with
-        engine.registry). `close()` it when done."""
+        routes (engine.fleet.admin_urls, else reef.engine_url, and the registered ones with
+        engine.fleet.registry). `close()` it when done."""
         store = open_store(settings.database_url)
         engines = engines_for(settings, store=store)
         chain = cls(settings, store, artifacts_for(settings), engines)

@@ -179,7 +179,7 @@ class Fleet:
         if not members:
             raise DeployError(
                 "no engine to deploy to: none is registered with a fresh heartbeat "
-                "(engine.registry) and engine.admin_urls is empty"
+                "(engine.fleet.registry) and engine.fleet.admin_urls is empty"
             )
         return members
 
@@ -275,8 +275,8 @@ class Fleet:
 
 
 class Registered:
-    """The engines registered in the database (engine.registry) whose heartbeat is at most
-    engine.registry_ttl_s old, as fleet members: a replica that is down drops out of deploys
+    """The engines registered in the database (engine.fleet.registry) whose heartbeat is at most
+    engine.fleet.registry_ttl_s old, as fleet members: a replica that is down drops out of deploys
     and loads the head when it starts again (reef.variants.Variants.catch_up). One HTTP
     client per URL ever registered, kept until `close()` (a call in another thread may be
     using it)."""
@@ -291,7 +291,7 @@ class Registered:
     def __call__(self) -> list[tuple[str, EngineTarget]]:
         urls = [
             url
-            for url in self.store.live_engines(self.settings.engine.registry_ttl_s)
+            for url in self.store.live_engines(self.settings.engine.fleet.registry_ttl_s)
             if not any(_same_server(url, own) for own in self.own)
         ]
         with self._lock:
@@ -312,14 +312,14 @@ def engines_for(
     local: tuple[str, EngineTarget] | None = None,
     store: EngineStore | None = None,
 ) -> EngineTarget:
-    """The engines a deploy reaches: every `engine.admin_urls` entry over HTTP, and with
-    engine.registry every engine registered in `store` with a fresh heartbeat; with neither,
+    """The engines a deploy reaches: every `engine.fleet.admin_urls` entry over HTTP, and with
+    engine.fleet.registry every engine registered in `store` with a fresh heartbeat; with neither,
     the one at `settings.engine_url`. In a serving process, `local` is (its own URL, its
     engine in process): its own entries are reached in process, and with neither list nor
     registry it deploys to itself only, as before. One configured engine and no registry:
     that engine as it is; else a Fleet."""
-    registry = settings.engine.registry and store is not None
-    urls: Sequence[str] = settings.engine.admin_urls
+    registry = settings.engine.fleet.registry and store is not None
+    urls: Sequence[str] = settings.engine.fleet.admin_urls
     if not urls and not registry and local is None:
         urls = [settings.engine_url]
     members: list[tuple[str, EngineTarget]] = []

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from reef.settings import Settings, conceal, split_secrets
+from reef.settings import Settings, conceal, secret_names, split_secrets
 
 log = logging.getLogger("reef.worker")
 
@@ -76,7 +76,7 @@ def _public(overrides: dict[str, Any]) -> dict[str, Any]:
         log.info(
             "secret settings (%s) are not sent to the deployment run: its worker's settings "
             "file or REEF_* environment provides them",
-            ", ".join(f"{s}.{k}" for s, keys in secret.items() for k in keys),
+            ", ".join(secret_names(secret)),
         )
     return public
 

@@ -1,6 +1,6 @@
 """A small real HTTP server that serves the OpenAI Responses API itself (`POST /v1/responses`,
 plain and streamed, with `previous_response_id`; `GET /v1/models`), standing in for an upstream
-such as OpenAI or vLLM behind `engine.upstream_responses: true`. It answers `echo: <the last
+such as OpenAI or vLLM behind `engine.upstream.responses: true`. It answers `echo: <the last
 input text>` (and the number of earlier turns it remembers), with its own response ids, so a
 test can tell that a body and an answer went through Reef unchanged. Served by uvicorn in a
 thread of the test process, over loopback HTTP."""

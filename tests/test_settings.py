@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from pydantic import BaseModel, SecretStr
 
 from reef.errors import ConfigError
-from reef.settings import load_settings
+from reef.settings import (
+    Settings,
+    conceal,
+    load_settings,
+    secret_environment,
+    secret_keys,
+    split_secrets,
+)
+from reef.settings.engine import FLAT_KEYS
 
 
 def _yaml(tmp_path: Path, text: str) -> Path:
@@ -93,7 +107,7 @@ def test_token_must_be_a_hash() -> None:
 
 
 def test_upstream_needs_url() -> None:
-    with pytest.raises(ConfigError, match="upstream_url"):
+    with pytest.raises(ConfigError, match=r"upstream\.url"):
         load_settings(engine={"kind": "upstream"})
 
 
@@ -128,3 +142,234 @@ def test_prefect_ui_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert load_settings(config).prefect_ui_url == "http://flows.example:4200"
     with pytest.raises(ConfigError, match=r"prefect\.ui_url"):
         load_settings(_yaml(tmp_path, "prefect:\n  ui_url: javascript:alert(1)\n"))
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every key the engine had before its sections, with a value other than the default.
+FLAT_ENGINE = {
+    "max_batch_size": 3,
+    "threads": 2,
+    "prefill_chunk_tokens": 64,
+    "dtype": "bfloat16",
+    "prefix_cache_mb": 16,
+    "packed_linear": False,
+    "fuse_prefill": False,
+    "itl_target_ms": 40.0,
+    "itl_headroom": 0.15,
+    "itl_max_wait_ms": 500.0,
+    "upstream_url": "http://up.example:8000/v1",
+    "upstream_model": "served",
+    "upstream_api_key": "sk-upstream",
+    "upstream_timeout_s": 5.0,
+    "upstream_capture_tokens": True,
+    "upstream_responses": True,
+    "vllm_url": "http://vllm.example:8000",
+    "vllm_python": "/opt/vllm/bin/python",
+    "vllm_args": ["--dtype", "float32"],
+    "vllm_start_timeout_s": 9.0,
+    "vllm_weight_sync": "nccl",
+    "vllm_max_loras": 2,
+    "vllm_max_lora_rank": 8,
+    "vllm_api_key": "sk-vllm",
+    "vllm_host": "0.0.0.0",
+    "admin_urls": ["http://reef-0:8900"],
+    "registry": True,
+    "advertise_url": "http://reef-1:8900",
+    "heartbeat_s": 2.0,
+    "registry_ttl_s": 9.0,
+}
+
+
+def _nested_engine(flat: dict[str, Any]) -> dict[str, Any]:
+    """`flat` written with the sections (what the flat keys mean)."""
+    out: dict[str, Any] = {}
+    for old, value in flat.items():
+        section, key = FLAT_KEYS.get(old, (None, old))
+        (out.setdefault(section, {}) if section else out)[key] = value
+    return out
+
+
+def _deprecations(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+
+
+def test_flat_engine_keys_load_into_their_sections(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A settings file of the flat engine keys loads as its nested form, with one deprecation
+    line per key naming the old key and the new one."""
+    assert set(FLAT_ENGINE) == set(FLAT_KEYS)  # every flat key is covered
+    config = _yaml(tmp_path, yaml.safe_dump({"engine": FLAT_ENGINE}))
+    with caplog.at_level(logging.WARNING):
+        old = load_settings(config)
+    assert sorted(_deprecations(caplog)) == sorted(
+        f"settings in {config}: engine.{k} is deprecated, read as engine.{s}.{n}"
+        for k, (s, n) in FLAT_KEYS.items()
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        new = load_settings(
+            _yaml(tmp_path, yaml.safe_dump({"engine": _nested_engine(FLAT_ENGINE)}))
+        )
+    assert _deprecations(caplog) == []
+    assert old.engine.model_dump() == new.engine.model_dump()
+    assert old.engine.embedded.max_batch_size == 3 and old.engine.vllm.weight_sync == "nccl"
+    assert old.engine.upstream.api_key is not None
+    assert old.engine.upstream.api_key.get_secret_value() == "sk-upstream"
+    assert old.engine.fleet.admin_urls == ("http://reef-0:8900",)
+    # flags (overrides) take the flat keys too
+    flags = load_settings(engine={"kind": "upstream", "upstream_url": "http://x:1/v1"})
+    assert flags.engine.upstream.url == "http://x:1/v1"
+
+
+def test_a_flat_key_beside_its_nested_place_is_refused(tmp_path: Path) -> None:
+    text = "engine:\n  vllm_url: http://a:1\n  vllm:\n    url: http://b:1\n"
+    with pytest.raises(ConfigError, match=r"engine\.vllm_url and engine\.vllm\.url"):
+        load_settings(_yaml(tmp_path, text))
+
+
+def test_engine_environment_old_and_new_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """REEF_ENGINE__... works under the flat names (values parsed as the nested keys' types)
+    and the nested ones; each layer keeps its rank whichever names it uses."""
+    monkeypatch.setenv("REEF_ENGINE__VLLM_ARGS", '["--max-model-len", "1024"]')
+    monkeypatch.setenv("REEF_ENGINE__UPSTREAM_API_KEY", "sk-old")
+    monkeypatch.setenv("REEF_ENGINE__MAX_BATCH_SIZE", "5")
+    monkeypatch.setenv("REEF_ENGINE__FLEET__HEARTBEAT_S", "3")
+    monkeypatch.setenv("REEF_ENGINE__VLLM__URL", "http://env:8000")
+    config = _yaml(tmp_path, "engine:\n  vllm_url: http://file:8000\n  max_batch_size: 2\n")
+    with caplog.at_level(logging.WARNING):
+        s = load_settings(config)
+    assert s.engine.vllm.args == ("--max-model-len", "1024")
+    assert s.engine.upstream.api_key is not None
+    assert s.engine.upstream.api_key.get_secret_value() == "sk-old"
+    assert s.engine.embedded.max_batch_size == 5  # env (old name) beats the file (old name)
+    assert s.engine.fleet.heartbeat_s == 3
+    assert s.engine.vllm.url == "http://env:8000"  # env (new name) beats the file (old name)
+    lines = _deprecations(caplog)
+    for old, new in (
+        ("REEF_ENGINE__VLLM_ARGS", "REEF_ENGINE__VLLM__ARGS"),
+        ("REEF_ENGINE__UPSTREAM_API_KEY", "REEF_ENGINE__UPSTREAM__API_KEY"),
+        ("REEF_ENGINE__MAX_BATCH_SIZE", "REEF_ENGINE__EMBEDDED__MAX_BATCH_SIZE"),
+    ):
+        assert lines.count(f"settings: {old} is deprecated, read as {new}") == 1, lines
+    assert "sk-old" not in caplog.text
+    # a flag under the flat name beats the environment's nested one
+    assert load_settings(config, engine={"vllm_url": "http://flag:1"}).engine.vllm.url == (
+        "http://flag:1"
+    )
+    monkeypatch.setenv("REEF_ENGINE__VLLM__ARGS", "[]")
+    with pytest.raises(ConfigError, match="REEF_ENGINE__VLLM_ARGS and REEF_ENGINE__VLLM__ARGS"):
+        load_settings()
+
+
+def _doc_blocks() -> list[tuple[str, str]]:
+    """(where, text) of every ```yaml block in README.md and docs/*.md, dedented."""
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in re.finditer(r"^( *)```yaml\n(.*?)^\1```", path.read_text(), re.M | re.S):
+            line = path.read_text()[: m.start()].count("\n") + 1
+            out.append((f"{path.name}:{line}", textwrap.dedent(m.group(2))))
+    return out
+
+
+def _settings_file(text: str) -> dict[str, Any] | None:
+    """The mapping a block holds when it is a settings file (top-level keys are sections)."""
+    data = yaml.safe_load(text)
+    if isinstance(data, dict) and data and set(data) <= set(Settings.model_fields):
+        return data
+    return None
+
+
+SETTINGS_BLOCKS = [(w, t) for w, t in _doc_blocks() if _settings_file(t) is not None]
+
+
+def test_the_docs_hold_settings_blocks() -> None:
+    assert len(SETTINGS_BLOCKS) >= 10, [w for w, _ in SETTINGS_BLOCKS]
+    assert any(w.startswith("README.md") and "engine:" in t for w, t in SETTINGS_BLOCKS)
+
+
+@pytest.mark.parametrize(("where", "text"), SETTINGS_BLOCKS, ids=[w for w, _ in SETTINGS_BLOCKS])
+def test_every_settings_block_of_the_docs_loads(
+    where: str, text: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each settings file the docs show loads as it is written, with no deprecated key, and its
+    engine section written with the flat keys of earlier versions loads the same."""
+    # The docs shorten token hashes (5e88…): pad them to a hash's 64 digits.
+    text = re.sub(r"\b([0-9a-f]+)…", lambda m: m.group(1).ljust(64, "0"), text)
+    with caplog.at_level(logging.WARNING):
+        settings = load_settings(_yaml(tmp_path, text))
+    assert _deprecations(caplog) == []
+    data = _settings_file(text)
+    assert data is not None
+    engine = data.get("engine")
+    if isinstance(engine, dict):
+        flat = {
+            k: v for k, v in engine.items() if k not in ("embedded", "upstream", "vllm", "fleet")
+        }
+        for section, key_of in _FLAT_OF.items():
+            flat |= {key_of[k]: v for k, v in (engine.get(section) or {}).items()}
+        old = load_settings(_yaml(tmp_path, yaml.safe_dump({**data, "engine": flat})))
+        assert old.model_dump() == settings.model_dump()
+
+
+# section -> nested key -> flat key, FLAT_KEYS read backwards
+_FLAT_OF: dict[str, dict[str, str]] = {}
+for _old, (_section, _key) in FLAT_KEYS.items():
+    _FLAT_OF.setdefault(_section, {})[_key] = _old
+
+
+def _leaf_paths(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for key, field in model.model_fields.items():
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out += _leaf_paths(sub, (*path, key))
+        else:
+            out.append((*path, key))
+    return out
+
+
+def _doc_paths(values: dict[str, Any], path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    out = set()
+    for key, value in values.items():
+        out.add((*path, key))
+        if isinstance(value, dict):
+            out |= _doc_paths(value, (*path, key))
+    return out
+
+
+def test_the_configuration_reference_names_every_setting() -> None:
+    """README's settings blocks name every key of every section, in its nested place."""
+    shown: set[tuple[str, ...]] = set()
+    for where, text in SETTINGS_BLOCKS:
+        if where.startswith("README.md"):
+            data = _settings_file(text)
+            assert data is not None
+            shown |= _doc_paths(data)
+    missing = [".".join(p) for p in _leaf_paths(Settings) if p not in shown]
+    assert missing == []
+
+
+def test_secret_settings_travel_apart_at_any_depth() -> None:
+    overrides = {
+        "engine": {"kind": "upstream", "upstream": {"url": "http://u:1/v1", "api_key": "sk-a"}},
+        "store": {"database_url": "postgresql+psycopg://u:pw@h/db"},
+    }
+    public, secret = split_secrets(overrides)
+    assert public == {"engine": {"kind": "upstream", "upstream": {"url": "http://u:1/v1"}}}
+    assert secret_environment(secret) == {
+        "REEF_ENGINE__UPSTREAM__API_KEY": "sk-a",
+        "REEF_STORE__DATABASE_URL": "postgresql+psycopg://u:pw@h/db",
+    }
+    # a flat key is the same secret
+    assert split_secrets({"engine": {"vllm_api_key": "sk-b"}}) == (
+        {},
+        {"engine": {"vllm": {"api_key": "sk-b"}}},
+    )
+    hidden = conceal(overrides)
+    assert hidden["engine"]["upstream"]["url"] == "http://u:1/v1"
+    assert isinstance(hidden["engine"]["upstream"]["api_key"], SecretStr)
+    assert "sk-a" not in str(hidden)
+    assert ("engine", "vllm", "api_key") in secret_keys()

@@ -6,7 +6,7 @@ A response is a record: its id is the record's, its receipt is in `x-reef-agent-
 `store: false` is honoured for reading back (404) and continuing (404); Reef still records the
 exchange, as it records every call: that is its receipt.
 
-With `engine.upstream_responses` (an upstream that serves the Responses API itself) the body
+With `engine.upstream.responses` (an upstream that serves the Responses API itself) the body
 goes to that upstream unchanged and its answer comes back as it sent it, recorded likewise;
 ids, `previous_response_id` and retrieval are then the upstream's.
 """

@@ -41,7 +41,10 @@ ARMS = ("ttt", "search", "random")
 def server_config(cfg: Config, params: dict[str, Any], engine: dict[str, Any]) -> dict:
     return {
         # every rollout of a step in one batch
-        "engine": {"max_batch_size": cfg.groups * cfg.rollouts, **engine},
+        "engine": {
+            **engine,
+            "embedded": {"max_batch_size": cfg.groups * cfg.rollouts, **engine.get("embedded", {})},
+        },
         "reef": {
             "recipe": "tttd",
             "batch_size": cfg.groups * cfg.rollouts,  # the barrier: one full grid
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
 
-    engine: dict[str, Any] = {"threads": os.cpu_count() or 1}
+    engine: dict[str, Any] = {"embedded": {"threads": os.cpu_count() or 1}}
     if args.engine == "vllm":
         engine = {"kind": "vllm"}
     params = {"learning_rate": args.lr, "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r}

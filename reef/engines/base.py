@@ -142,7 +142,7 @@ class Deployable(Protocol):
 @runtime_checkable
 class ServesResponses(Protocol):
     """An engine whose server answers the OpenAI Responses API itself (an upstream with
-    `engine.upstream_responses`): /v1/responses bodies go to it unchanged instead of being
+    `engine.upstream.responses`): /v1/responses bodies go to it unchanged instead of being
     translated to chat completions. `serves_responses` says whether it is switched on."""
 
     serves_responses: bool

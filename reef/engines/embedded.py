@@ -56,6 +56,7 @@ from reef.errors import (
     ReefError,
     UnknownModel,
 )
+from reef.settings import EmbeddedSettings
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,7 @@ log = logging.getLogger(__name__)
 INLINE_PROMPT_CHARS = 4096
 # Niceness of the threads rendering them (0 is the rest of the process's).
 RENDER_NICENESS = 10
-# Prompt tokens read per scheduler round while other requests decode (see the scheduler).
-PREFILL_CHUNK_TOKENS = 128
-# Memory (MiB) for the keys and values of prompts' openings (see reef.engines.prefixes). Off
-# unless asked for: a prompt read from the cache gives log-probs that differ from a full read's
-# in the last digits (~1e-6), so the same request would no longer repeat them bit for bit.
-PREFIX_CACHE_MB = 0
-# The weights' precisions the engine serves in: what `dtype` may name.
+# The weights' precisions the engine serves in: what `engine.embedded.dtype` may name.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -85,65 +80,21 @@ class EmbeddedEngine:
         self,
         model_dir: Path,
         model_id: str,
+        options: EmbeddedSettings | None = None,
         *,
-        max_batch_size: int = 8,
         default_max_tokens: int = 256,
-        threads: int | None = None,
         sampling_defaults: dict[str, float] | None = None,
-        prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS,
-        dtype: str = "float32",
-        prefix_cache_mb: int = PREFIX_CACHE_MB,
-        packed_linear: bool = True,
-        fuse_prefill: bool = True,
-        itl_target_ms: float | None = None,
-        itl_headroom: float | None = None,
-        itl_max_wait_ms: float = 10_000,
     ):
-        """`sampling_defaults`: what a request that leaves out temperature or top_p gets;
-        None: what the model's generation_config.json recommends (as vLLM does), {}: none.
-        `prefill_chunk_tokens`: prompt tokens read per round while others decode (0: whole
-        prompts at once). `dtype`: the precision the base model and checkpoints are served in
-        (bfloat16 halves the bytes each decode step reads; recorded log-probs are then the
-        bfloat16 model's). `prefix_cache_mb`: memory for the keys and values of prompts read
-        before, reused by prompts that open with the same tokens (0: none). `packed_linear`:
-        the Linear layers run through oneDNN with packed weights (`reef.engines.packed`:
-        2-3x faster products on some machines, a second copy of the weights), except calls of
-        as few rows as a timing at load found faster plain. `fuse_prefill`: a chunk read while
-        rows decode shares their decode step's forward pass (`reef.engines.fused`), where the
-        model passes `fused.supported`. `itl_target_ms`: while rows decode, each round reads as
-        much of a prompt longer than `prefill_chunk_tokens` as keeps it within this many
-        milliseconds by measured round times (`reef.engines.pacing`; at most
-        `prefill_chunk_tokens` when that is set); shorter prompts are read at once, first.
-        None: chunks of `prefill_chunk_tokens`. `itl_headroom`: the same, within this much
-        longer than a round that reads no prompt (0.15: 15 %), whatever the machine's speed;
-        with both, the tighter. Paced, a long prompt of which not even one token fits a round
-        waits, for at most `itl_max_wait_ms` (then a token a round)."""
-        if max_batch_size < 1 or default_max_tokens < 1:
-            raise ConfigError("max_batch_size and default_max_tokens must be at least 1")
-        if prefill_chunk_tokens < 0 or prefix_cache_mb < 0:
-            raise ConfigError("prefill_chunk_tokens and prefix_cache_mb must be 0 (off) or more")
-        if itl_target_ms is not None and itl_target_ms <= 0:
-            raise ConfigError("itl_target_ms must be positive (or unset)")
-        if itl_headroom is not None and itl_headroom <= 0:
-            raise ConfigError("itl_headroom must be positive (or unset)")
-        if itl_max_wait_ms < 0:
-            raise ConfigError("itl_max_wait_ms must be 0 (never wait) or more")
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+        """`options`: how it batches, reads prompts and computes, the `engine.embedded` section
+        (each key described on reef.settings.engine.EmbeddedSettings; default: its defaults).
+        `default_max_tokens` and `sampling_defaults`: those of the engine section
+        (Settings.default_max_tokens holds the first to the server's cap)."""
         self.model_dir = Path(model_dir)
         self.model_id = model_id
-        self.max_batch_size = max_batch_size
+        self.options = options if options is not None else EmbeddedSettings()
         self.default_max_tokens = default_max_tokens
-        self.threads = threads
-        self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.prefix_cache_mb = prefix_cache_mb
-        self.packed_linear = packed_linear
         self._products = Products()  # which product packed layers use, by rows (calibrated)
-        self.fuse_prefill = fuse_prefill
-        self.itl_target_ms = itl_target_ms
-        self.itl_headroom = itl_headroom
-        self.itl_max_wait_ms = itl_max_wait_ms
-        self.dtype = DTYPES[dtype]
+        self.dtype = DTYPES[self.options.dtype]
         self.sampling_defaults = (
             generation_defaults(self.model_dir)
             if sampling_defaults is None
@@ -174,8 +125,8 @@ class EmbeddedEngine:
     async def start(self) -> None:
         if self._scheduler is not None:
             return
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        if self.options.threads:
+            torch.set_num_threads(self.options.threads)
         self._render_pool = _render_pool()
         scheduler = await asyncio.to_thread(self._load)
         self._scheduler = scheduler
@@ -342,7 +293,7 @@ class EmbeddedEngine:
         if not tokenizer.chat_template:
             raise ConfigError(f"model {self.model_dir} has no chat template")
         model.eval()
-        packed = pack_linears(model, self._products) if self.packed_linear else 0
+        packed = pack_linears(model, self._products) if self.options.packed_linear else 0
         config = model.config
         # The batch keeps one plain KV cache per layer; sliding-window or linear-attention
         # layers would need their own bookkeeping when rows join and leave.
@@ -369,7 +320,7 @@ class EmbeddedEngine:
                 ", ".join(f"{rows}: {ratio:.2f}x" for rows, ratio in ratios.items()),
                 self._products.plain_up_to,
             )
-        fuse = self.fuse_prefill and fused.supported(model, self._pad_id)
+        fuse = self.options.fuse_prefill and fused.supported(model, self._pad_id)
         self._linear_shapes = {
             name: (m.in_features, m.out_features)
             for name, m in model.named_modules()
@@ -388,38 +339,40 @@ class EmbeddedEngine:
             packed,
             time.monotonic() - started,
             self.max_context,
-            self.max_batch_size,
-            self.prefill_chunk_tokens,
+            self.options.max_batch_size,
+            self.options.prefill_chunk_tokens,
             " (fused with decode steps)" if fuse else "",
             self._pacing(),
             torch.get_num_threads(),
         )
+        o = self.options
         return Scheduler(
             model,
             model_id=self.model_id,
-            max_batch_size=self.max_batch_size,
+            max_batch_size=o.max_batch_size,
             eos_ids=frozenset(i for i in eos if i is not None),
             pad_id=self._pad_id,
             token_text=TokenText(tokenizer),
             stats=self.stats,
-            prefill_chunk_tokens=self.prefill_chunk_tokens,
-            prefix_cache_bytes=self.prefix_cache_mb * 2**20,
+            prefill_chunk_tokens=o.prefill_chunk_tokens,
+            prefix_cache_bytes=o.prefix_cache_mb * 2**20,
             fuse_prefill=fuse,
-            itl_target_s=self.itl_target_ms / 1000 if self.itl_target_ms else None,
-            itl_headroom=self.itl_headroom,
-            itl_max_wait_s=self.itl_max_wait_ms / 1000,
+            itl_target_s=o.itl_target_ms / 1000 if o.itl_target_ms else None,
+            itl_headroom=o.itl_headroom,
+            itl_max_wait_s=o.itl_max_wait_ms / 1000,
         )
 
     def _pacing(self) -> str:
         """How prompts read among decoding rows are paced, for the log line at load."""
+        o = self.options
         limits = []
-        if self.itl_target_ms:
-            limits.append(f"{self.itl_target_ms:g} ms")
-        if self.itl_headroom:
-            limits.append(f"{self.itl_headroom:.0%} over a plain round")
+        if o.itl_target_ms:
+            limits.append(f"{o.itl_target_ms:g} ms")
+        if o.itl_headroom:
+            limits.append(f"{o.itl_headroom:.0%} over a plain round")
         if not limits:
             return ""
-        wait = f"; a long prompt waits up to {self.itl_max_wait_ms:g} ms for room"
+        wait = f"; a long prompt waits up to {o.itl_max_wait_ms:g} ms for room"
         return f" paced to rounds within {' and '.join(limits)}{wait}"
 
     def _read_adapter(self, path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -433,7 +386,7 @@ class EmbeddedEngine:
             model = AutoModelForCausalLM.from_pretrained(
                 path, dtype=self.dtype, attn_implementation="sdpa"
             ).eval()
-            if self.packed_linear:
+            if self.options.packed_linear:
                 pack_linears(model, self._products)  # as calibrated on the base model
             with torch.inference_mode():  # warm-up, as for the base model
                 Batch.prefill(model, [[self._pad_id]], self._pad_id)

@@ -2,21 +2,22 @@
 
 A scheduler round that reads a prompt chunk while rows decode takes longer than a plain decode
 step: on a CPU the chunk's tokens cost about what as many more decoding rows would. With an
-inter-token latency target (`engine.itl_target_ms`) the scheduler sizes each chunk so that the
-round is expected to end within the target, which is the gap the decoding streams see between
-their tokens: the token budget per iteration derived from a latency objective of
+inter-token latency target (`engine.embedded.itl_target_ms`) the scheduler sizes each chunk so
+that the round is expected to end within the target, which is the gap the decoding streams see
+between their tokens: the token budget per iteration derived from a latency objective of
 Sarathi-Serve's stall-free batching. A long prompt then takes as many rounds as the target
 leaves room for and its own first token comes later; the streams it arrived among keep their
 pace. Where not even one token fits (on a CPU a round that reads one prompt token among eight
 decoding rows already costs ~20 % more than one that reads none: the fused pass's second
 attention over the prompt's cache and its extra bookkeeping), the prompt waits: for the
 streams to end (with nothing decoding it is read whole), or for room, but at most
-`engine.itl_max_wait_ms`; after that it is read a token a round at least, so that streams that
-never end cannot starve it.
+`engine.embedded.itl_max_wait_ms`; after that it is read a token a round at least, so that
+streams that never end cannot starve it.
 
-The target is absolute (`engine.itl_target_ms`), relative to a plain round of the same rows
-(`engine.itl_headroom`: 0.15 keeps a round that reads a prompt within 1.15x of one that does
-not, whatever the machine's speed and the batch's size), or the tighter of the two.
+The target is absolute (`engine.embedded.itl_target_ms`), relative to a plain round of the
+same rows (`engine.embedded.itl_headroom`: 0.15 keeps a round that reads a prompt within 1.15x
+of one that does not, whatever the machine's speed and the batch's size), or the tighter of the
+two.
 
 The cost model is linear and fit online from the rounds themselves, so it follows the machine,
 the batch and its load: round ≈ decode(d) + per_token × c for d decoding rows and c prompt

@@ -94,19 +94,21 @@ class UpstreamEngine:
     def from_settings(
         cls, settings: EngineSettings, *, default_max_tokens: int | None = None
     ) -> UpstreamEngine:
-        """`default_max_tokens`: the one to send (Settings.default_max_tokens holds it to the
+        """The engine `settings.upstream` describes (reef.settings.engine.UpstreamSettings).
+        `default_max_tokens`: the one to send (Settings.default_max_tokens holds it to the
         server's cap); default engine.default_max_tokens."""
-        if not settings.upstream_url:
-            raise ValueError("the upstream engine needs engine.upstream_url")
-        key = settings.upstream_api_key
+        upstream = settings.upstream
+        if not upstream.url:
+            raise ValueError("the upstream engine needs engine.upstream.url")
+        key = upstream.api_key
         return cls(
-            settings.upstream_url,
-            model=settings.upstream_model,
+            upstream.url,
+            model=upstream.model,
             api_key=key.get_secret_value() if key else None,
-            timeout_s=settings.upstream_timeout_s,
-            capture_tokens=settings.upstream_capture_tokens,
+            timeout_s=upstream.timeout_s,
+            capture_tokens=upstream.capture_tokens,
             default_max_tokens=default_max_tokens or settings.default_max_tokens,
-            serves_responses=settings.upstream_responses,
+            serves_responses=upstream.responses,
             sampling_defaults=settings.sampling_defaults,
         )
 

@@ -1,6 +1,6 @@
 """The vLLM engine: serve through a vLLM OpenAI server and deploy releases into it while it runs.
 
-Reef either connects to a running vLLM (`engine.vllm_url`) or launches one as a managed
+Reef either connects to a running vLLM (`engine.vllm.url`) or launches one as a managed
 subprocess from vLLM's own environment (`make vllm-venv`; vLLM pins packages the main
 environment cannot share, so it is never imported here). Serving is the upstream engine's
 (token ids and per-token log-probs through vLLM's `return_token_ids` and `logprobs`), with
@@ -26,7 +26,7 @@ in vLLM's environment; a launched server gets both.
 
 vLLM is not an open door: every call Reef makes to it carries its API key (`Authorization:
 Bearer`), the admin routes and the NCCL sender's included. A launched vLLM binds loopback
-(`engine.vllm_host`) and gets a key (`engine.vllm_api_key`, or a random one) through its
+(`engine.vllm.host`) and gets a key (`engine.vllm.api_key`, or a random one) through its
 environment (`VLLM_API_KEY`, never its command line). vLLM itself checks the key only under
 /v1, /v2, /inference and /cohere; the dev-mode routes (/collective_rpc, /pause, the weight
 routes...) answer anyone, so a launched vLLM also loads `reef_vllm_guard` (see
@@ -154,7 +154,7 @@ class VllmServer:
         if not self.python.is_file():
             raise EngineError(
                 f"vLLM's python not found at {self.python}: build the environment with "
-                "`make vllm-venv`, or set engine.vllm_python (or engine.vllm_url to connect "
+                "`make vllm-venv`, or set engine.vllm.python (or engine.vllm.url to connect "
                 "to a running vLLM)",
                 code="vllm_not_installed",
             )
@@ -274,28 +274,30 @@ class VllmEngine(UpstreamEngine):
     def from_config(
         cls, settings: EngineSettings, state_dir: Path, *, default_max_tokens: int | None = None
     ) -> VllmEngine:
-        """Connect to `settings.vllm_url`, or launch vLLM (its log in `state_dir`/vllm.log).
+        """Connect to the vLLM at `settings.vllm.url`, or launch one as `settings.vllm`
+        describes (reef.settings.engine.VllmSettings; its log in `state_dir`/vllm.log).
 
         `default_max_tokens`: what a request naming none gets (Settings.default_max_tokens
         holds it to the server's cap); default engine.default_max_tokens."""
         from reef.models import model_id, resolve_model
 
+        vllm = settings.vllm
         model_dir = resolve_model(settings.model, settings.model_cache)
         served = model_id(settings.model)
         server = None
-        url = settings.vllm_url
-        key = settings.vllm_api_key.get_secret_value() if settings.vllm_api_key else None
+        url = vllm.url
+        key = vllm.api_key.get_secret_value() if vllm.api_key else None
         if url is None:
             server = VllmServer(
-                settings.vllm_python,
+                vllm.python,
                 model_dir,
                 served,
                 log_path=state_dir / "vllm.log",
-                host=settings.vllm_host,
-                extra_args=settings.vllm_args,
-                max_loras=settings.vllm_max_loras,
-                max_lora_rank=settings.vllm_max_lora_rank,
-                start_timeout_s=settings.vllm_start_timeout_s,
+                host=vllm.host,
+                extra_args=vllm.args,
+                max_loras=vllm.max_loras,
+                max_lora_rank=vllm.max_lora_rank,
+                start_timeout_s=vllm.start_timeout_s,
                 api_key=key or secrets.token_urlsafe(32),
             )
             url, key = server.url, server.api_key
@@ -304,8 +306,8 @@ class VllmEngine(UpstreamEngine):
             served,
             model_dir,
             server=server,
-            weight_sync=settings.vllm_weight_sync,
-            timeout_s=settings.upstream_timeout_s,
+            weight_sync=vllm.weight_sync,
+            timeout_s=settings.upstream.timeout_s,
             api_key=key,
             default_max_tokens=default_max_tokens or settings.default_max_tokens,
             sampling_defaults=settings.sampling_defaults,
@@ -596,7 +598,7 @@ class VllmEngine(UpstreamEngine):
             if r.status_code == 404 and path != "/v1/chat/completions":
                 message += " (is vLLM running with VLLM_SERVER_DEV_MODE=1?)"
             if r.status_code == 401:
-                message += " (engine.vllm_api_key must be the key vLLM was started with)"
+                message += " (engine.vllm.api_key must be the key vLLM was started with)"
             cls = BadRequest if 400 <= r.status_code < 500 else UpstreamError
             raise cls(f"{what}: vLLM answered {r.status_code}: {message}")
         if not r.content:

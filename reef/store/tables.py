@@ -386,9 +386,9 @@ class UISessionRow(SQLModel, table=True):
 
 
 class EngineRow(SQLModel, table=True):
-    """A serving process's engine that registered itself for deploys to reach (engine.registry,
-    deploy.engine.Fleet): its admin URL and when it last said it was alive. Deploys ignore a
-    row whose heartbeat is older than engine.registry_ttl_s (a replica that is down)."""
+    """A serving process's engine that registered itself for deploys to reach
+    (engine.fleet.registry, deploy.engine.Fleet): its admin URL and when it last said it was
+    alive. Deploys ignore a row whose heartbeat is older than engine.fleet.registry_ttl_s (a replica that is down)."""
 
     __tablename__ = "engines"
 

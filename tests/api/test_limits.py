@@ -38,7 +38,7 @@ def front(tmp_path_factory: pytest.TempPathFactory, echo: EchoUpstream) -> Itera
     with InProcessReef(
         state,
         config=state / "serve.yaml",
-        engine={"kind": "upstream", "upstream_url": echo.base_url},
+        engine={"kind": "upstream", "upstream": {"url": echo.base_url}},
     ) as srv:
         yield srv
 
@@ -173,7 +173,7 @@ def test_listed_extension_passes_through(tmp_path: Path, echo: EchoUpstream, sce
     with InProcessReef(
         tmp_path,
         config=tmp_path / "serve.yaml",
-        engine={"kind": "upstream", "upstream_url": echo.base_url},
+        engine={"kind": "upstream", "upstream": {"url": echo.base_url}},
     ) as srv:
         r = _post(srv, scenario, _chat(min_tokens=2, echo_upstream={"reflect": True}))
         assert r.status_code == 200, r.text

@@ -1,4 +1,4 @@
-"""`engine.upstream_responses: true`: /v1/responses goes unchanged to an upstream that serves
+"""`engine.upstream.responses: true`: /v1/responses goes unchanged to an upstream that serves
 the Responses API itself (tests/responses_upstream.py, a real HTTP server), through the openai
 SDK; plain and streamed answers come back as the upstream sent them, recorded with receipts
 (the stream's receipt at its start, its last event after the record is durable); the
@@ -26,8 +26,7 @@ def front(
             tmp_path_factory.mktemp("front"),
             engine={
                 "kind": "upstream",
-                "upstream_url": upstream.base_url,
-                "upstream_responses": True,
+                "upstream": {"url": upstream.base_url, "responses": True},
             },
         ) as reef,
     ):

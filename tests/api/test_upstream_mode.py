@@ -27,12 +27,12 @@ def chained(
     """front (upstream engine, token capture on) → back (embedded tiny model)."""
     back_dir: Path = tmp_path_factory.mktemp("back")
     front_dir: Path = tmp_path_factory.mktemp("front")
-    (front_dir / "serve.yaml").write_text("engine:\n  upstream_capture_tokens: true\n")
+    (front_dir / "serve.yaml").write_text("engine:\n  upstream:\n    capture_tokens: true\n")
     with InProcessReef(back_dir) as back:
         front = InProcessReef(
             front_dir,
             config=front_dir / "serve.yaml",
-            engine={"kind": "upstream", "upstream_url": back.base_url},
+            engine={"kind": "upstream", "upstream": {"url": back.base_url}},
         )
         with front:
             yield front, back
@@ -88,7 +88,7 @@ def over_echo(
     with EchoUpstream("--model", "echo") as echo:
         state: Path = tmp_path_factory.mktemp("over-echo")
         with InProcessReef(
-            state, engine={"kind": "upstream", "upstream_url": echo.base_url}
+            state, engine={"kind": "upstream", "upstream": {"url": echo.base_url}}
         ) as front:
             yield front, echo
 

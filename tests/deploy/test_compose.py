@@ -67,7 +67,7 @@ def test_reef_reads_the_compose_settings(
     settings = load_settings(path)
     assert settings.database_url == "postgresql+psycopg://reef:reef@postgres:5432/reef"
     assert settings.artifacts.s3_endpoint_url == "http://minio:9000"
-    assert settings.engine.vllm_url == "http://vllm:8000"
+    assert settings.engine.vllm.url == "http://vllm:8000"
     assert settings.reef.engine_url == "http://reef:8900"
     assert settings.tracking_uri == "http://mlflow:5000"
     # the databases the other services name exist: Postgres creates them at first start

@@ -2,7 +2,7 @@
 
 Three real serving processes' apps (the tiny model, one SQLite database and one artifact
 directory between them, as replicas share Postgres and S3) and a deploy configured with all of
-their admin URLs (engine.admin_urls), as a worker's deploy is. One engine that fails: a Reef
+their admin URLs (engine.fleet.admin_urls), as a worker's deploy is. One engine that fails: a Reef
 whose base model is another one (it refuses to load the adapter: the stage fails there), or an
 HTTP server that loads and then answers 500 to verify. Either way the head stays, the healthy
 engines are unstaged, and the error names the failing engine. A replica that was down during a
@@ -138,7 +138,7 @@ def _release(store: Any, path: Path) -> Release:
 
 def _fleet(*urls: str) -> Any:
     """The engines a worker configured with these admin URLs deploys to."""
-    return engines_for(load_settings(engine={"admin_urls": list(urls)}))
+    return engines_for(load_settings(engine={"fleet": {"admin_urls": list(urls)}}))
 
 
 def _variants(server: InProcessReef) -> list[str]:
@@ -272,7 +272,9 @@ def test_a_promote_through_a_replica_reaches_every_engine(
     try:
         with _refusing_verify() as broken:
             replica = shared.reef("d")
-            replica.overrides["engine"]["admin_urls"] = [replica.url, healthy[0].url, broken]
+            replica.overrides["engine"]["fleet"] = {
+                "admin_urls": [replica.url, healthy[0].url, broken]
+            }
             with replica:
                 wait_for("the replica loads the head", lambda: _variants(replica), replica, 60)
                 before = _variants(healthy[0])
@@ -297,12 +299,12 @@ def test_a_promote_through_a_replica_reaches_every_engine(
 def test_registered_engines_get_every_deploy_and_a_silent_one_drops_out(
     tmp_path: Path, adapters: list[Path]
 ) -> None:
-    """engine.registry: replicas enter the database with a heartbeat and deploys reach every
-    live one; one that stops leaves, one that goes silent (crashed) is left out after
-    engine.registry_ttl_s, and one that starts later loads the head."""
+    """engine.fleet.registry: replicas enter the database with a heartbeat and deploys reach
+    every live one; one that stops leaves, one that goes silent (crashed) is left out after
+    engine.fleet.registry_ttl_s, and one that starts later loads the head."""
     shared = _Shared(tmp_path)
     ttl = 2.0
-    register = {"registry": True, "heartbeat_s": 0.5, "registry_ttl_s": ttl}
+    register = {"fleet": {"registry": True, "heartbeat_s": 0.5, "registry_ttl_s": ttl}}
     first_up, stops, late = (shared.reef(n, engine=register) for n in ("r1", "r2", "late"))
     store = open_store(shared.database_url)
     worker = load_settings(engine=register, store={"database_url": shared.database_url})
@@ -344,10 +346,10 @@ def test_registered_engines_get_every_deploy_and_a_silent_one_drops_out(
 
 def test_fleet_settings_are_checked() -> None:
     urls = load_settings(
-        engine={"admin_urls": ["http://a:8900/", "http://b:8900", "http://a:8900"]}
+        engine={"fleet": {"admin_urls": ["http://a:8900/", "http://b:8900", "http://a:8900"]}}
     )
-    assert urls.engine.admin_urls == ("http://a:8900", "http://b:8900")
+    assert urls.engine.fleet.admin_urls == ("http://a:8900", "http://b:8900")
     with pytest.raises(ConfigError, match="'a:8900' is not an http"):
-        load_settings(engine={"admin_urls": ["a:8900"]})
+        load_settings(engine={"fleet": {"admin_urls": ["a:8900"]}})
     with pytest.raises(ConfigError, match="registry_ttl_s must be longer"):
-        load_settings(engine={"registry": True, "heartbeat_s": 10, "registry_ttl_s": 5})
+        load_settings(engine={"fleet": {"registry": True, "heartbeat_s": 10, "registry_ttl_s": 5}})

@@ -35,12 +35,30 @@ def _resources() -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
+def env_path(name: str) -> tuple[str, ...]:
+    """The setting REEF_<SECTION>__<KEY> (or deeper, REEF_ENGINE__VLLM__API_KEY) names."""
+    return tuple(name.removeprefix("REEF_").lower().split("__"))
+
+
 def known_env_key(name: str) -> bool:
-    """Whether REEF_<SECTION>__<KEY> names a setting of reef/settings.py (how
+    """Whether the variable names a setting of reef.settings, section by section (how
     pydantic-settings maps the environment onto Settings)."""
-    section, _, key = name.removeprefix("REEF_").lower().partition("__")
-    field = Settings.model_fields.get(section)
-    return field is not None and key in field.annotation.model_fields  # type: ignore[union-attr]
+    model: Any = Settings
+    for key in env_path(name):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or key not in fields:
+            return False
+        model = fields[key].annotation
+    return getattr(model, "model_fields", None) is None  # a value, not a whole section
+
+
+def _paths(values: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The dotted paths of every value in a settings file, split."""
+    out: list[tuple[str, ...]] = []
+    for key, value in values.items():
+        here = (*path, key)
+        out += _paths(value, here) if isinstance(value, dict) else [here]
+    return out
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -103,12 +121,10 @@ def test_secrets_hold_only_secret_settings_and_the_config_none() -> None:
     assert reef_keys
     for key in reef_keys:
         assert known_env_key(key), key
-        section, _, name = key.removeprefix("REEF_").lower().partition("__")
-        assert (section, name) in secret_keys(), f"{key} is not a secret setting"
+        assert env_path(key) in secret_keys(), f"{key} is not a secret setting"
     config = yaml.safe_load(res[("ConfigMap", "reef-config")]["data"]["reef.yaml"])
-    for section, values in config.items():
-        for key in values:
-            assert (section, key) not in secret_keys(), f"{section}.{key} belongs in the Secret"
+    for path in _paths(config):
+        assert path not in secret_keys(), f"{'.'.join(path)} belongs in the Secret"
     for key in res[("ConfigMap", "reef-env")]["data"]:
         assert not key.startswith("REEF_") or known_env_key(key), key
 
@@ -126,7 +142,7 @@ def test_reef_loads_the_configmap_with_the_secrets_environment(
     assert settings.database_url.startswith("postgresql+psycopg://")
     assert settings.store.retention_days == 90
     # The vLLM the config names is the Service in vllm.yaml, serving engine.model's name.
-    assert settings.engine.vllm_url == "http://reef-vllm:8000"
+    assert settings.engine.vllm.url == "http://reef-vllm:8000"
     vllm = res[("Deployment", "reef-vllm")]["spec"]["template"]["spec"]["containers"][0]
     assert f"--served-model-name={Path(settings.engine.model).name}" in vllm["args"]
     assert f"--model={settings.engine.model}" in vllm["args"]

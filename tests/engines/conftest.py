@@ -22,10 +22,13 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @contextmanager
 def running_engine(model_dir: Path, **kwargs: Any) -> Iterator[Any]:
     """An EmbeddedEngine started for the block; each test drives it with its own event loop
-    (the engine's scheduler thread answers on whichever loop submitted a request)."""
+    (the engine's scheduler thread answers on whichever loop submitted a request). `kwargs`:
+    keys of engine.embedded (EmbeddedSettings), and default_max_tokens / sampling_defaults."""
     from reef.engines.embedded import EmbeddedEngine
+    from reef.settings import EmbeddedSettings
 
-    engine = EmbeddedEngine(model_dir, "tiny", **kwargs)
+    section = {k: kwargs.pop(k) for k in list(kwargs) if k in EmbeddedSettings.model_fields}
+    engine = EmbeddedEngine(model_dir, "tiny", EmbeddedSettings(**section), **kwargs)
     asyncio.run(engine.start())
     try:
         yield engine

@@ -429,3 +429,29 @@ def test_smollm2_converts_and_answers(tmp_path: Path) -> None:
         c = run(engine.complete(greedy("What is the capital of France?", max_tokens=24)))
     assert "Paris" in content(c)
     assert c.response["choices"][0]["finish_reason"] == "stop"
+
+
+def test_each_engine_takes_its_settings_section_whole(tiny_dir: Path) -> None:
+    """`reef serve` hands the embedded engine `engine.embedded` as it is, with the engine-wide
+    keys beside it, and the upstream engine reads `engine.upstream`."""
+    from cli.serve import build_engine
+    from reef.engines.upstream import UpstreamEngine
+    from reef.settings import load_settings
+
+    settings = load_settings(
+        engine={
+            "model": str(tiny_dir),
+            "default_max_tokens": 9,
+            "sampling_defaults": {},
+            "embedded": {"max_batch_size": 3, "dtype": "bfloat16", "prefill_chunk_tokens": 0},
+        }
+    )
+    engine: Any = build_engine(settings)
+    assert engine.options is settings.engine.embedded
+    assert engine.dtype == torch.bfloat16
+    assert (engine.default_max_tokens, engine.sampling_defaults) == (9, {})
+    upstream = {"url": "http://127.0.0.1:9/v1", "model": "m", "timeout_s": 7, "responses": True}
+    front = build_engine(load_settings(engine={"kind": "upstream", "upstream": upstream}))
+    assert isinstance(front, UpstreamEngine)
+    assert (front.base_url, front.model, front.timeout_s) == ("http://127.0.0.1:9/v1", "m", 7)
+    assert front.serves_responses

@@ -1,5 +1,5 @@
-"""Prompt chunks sized from measured round times (`engine.itl_target_ms`): the cost model on
-its own, and the embedded engine reading a long prompt paced by it."""
+"""Prompt chunks sized from measured round times (`engine.embedded.itl_target_ms`): the cost
+model on its own, and the embedded engine reading a long prompt paced by it."""
 
 from __future__ import annotations
 
@@ -138,28 +138,25 @@ def test_a_round_that_read_a_prompt_before_any_plain_one_is_not_taken_as_decode(
     assert 4 <= pacer.budget(8) <= 8
 
 
-def test_a_target_must_be_positive(tiny_dir: Path) -> None:
-    from reef.engines.embedded import EmbeddedEngine
+def test_a_target_must_be_positive() -> None:
+    from reef.settings import load_settings
 
     for bad in ({"target_s": 0}, {"headroom": 0.0}, {"headroom": -0.1}, {}):
         with pytest.raises(ValueError):
             Pacer(**bad)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="itl_target_ms"):
-        EmbeddedEngine(tiny_dir, "tiny", itl_target_ms=-1)
-    with pytest.raises(ConfigError, match="itl_headroom"):
-        EmbeddedEngine(tiny_dir, "tiny", itl_headroom=0)
-    with pytest.raises(ConfigError, match="itl_max_wait_ms"):
-        EmbeddedEngine(tiny_dir, "tiny", itl_max_wait_ms=-1)
+    for key, value in (("itl_target_ms", -1), ("itl_headroom", 0), ("itl_max_wait_ms", -1)):
+        with pytest.raises(ConfigError, match=rf"engine\.embedded\.{key}"):
+            load_settings(engine={"embedded": {key: value}})
 
 
 def test_the_headroom_is_a_setting_checked_at_load() -> None:
     from pydantic import ValidationError
 
-    from reef.settings import EngineSettings
+    from reef.settings import EmbeddedSettings
 
-    assert EngineSettings(itl_headroom=0.15).itl_headroom == 0.15
+    assert EmbeddedSettings(itl_headroom=0.15).itl_headroom == 0.15
     with pytest.raises(ValidationError, match="itl_headroom"):
-        EngineSettings(itl_headroom=0)
+        EmbeddedSettings(itl_headroom=0)
 
 
 def test_paced_reading_gives_what_fixed_chunks_give(tiny_dir: Path) -> None:

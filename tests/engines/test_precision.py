@@ -1,7 +1,7 @@
-"""How the embedded engine computes: in bfloat16 (engine.dtype), the base model and a LoRA
-adapter in one batch, each recorded log-prob the one a teacher-forced forward pass of the same
-bfloat16 weights gives; and through oneDNN's packed linear layers (engine.packed_linear), what
-plain nn.Linear layers give."""
+"""How the embedded engine computes: in bfloat16 (engine.embedded.dtype), the base model and a
+LoRA adapter in one batch, each recorded log-prob the one a teacher-forced forward pass of the
+same bfloat16 weights gives; and through oneDNN's packed linear layers
+(engine.embedded.packed_linear), what plain nn.Linear layers give."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from reef.engines.base import Completion
 from reef.engines.packed import CALIBRATION_ROWS, Products, calibrate, pack_linears
 from reef.errors import ConfigError
-from reef.settings import EngineSettings
+from reef.settings import EmbeddedSettings, load_settings
 from tests.engines.conftest import running_engine
 from tests.engines.test_embedded_releases import lora
 
@@ -85,20 +85,18 @@ def test_bfloat16_serves_base_and_adapter_with_their_own_logprobs(
     ]
 
 
-def test_dtype_is_a_setting_and_an_unknown_one_is_refused(tiny_dir: Path) -> None:
-    from reef.engines.embedded import EmbeddedEngine
-
-    assert EngineSettings().dtype == "float32"
-    assert EngineSettings(dtype="bfloat16").dtype == "bfloat16"
+def test_dtype_is_a_setting_and_an_unknown_one_is_refused() -> None:
+    assert EmbeddedSettings().dtype == "float32"
+    assert EmbeddedSettings(dtype="bfloat16").dtype == "bfloat16"
     with pytest.raises(ValueError):
-        EngineSettings(dtype="float16")
-    with pytest.raises(ConfigError, match="dtype"):
-        EmbeddedEngine(tiny_dir, "tiny", dtype="int4")
+        EmbeddedSettings(dtype="float16")
+    with pytest.raises(ConfigError, match=r"engine\.embedded\.dtype"):
+        load_settings(engine={"embedded": {"dtype": "int4"}})
 
 
 def test_packed_linear_layers_compute_what_plain_ones_do(tiny_dir: Path) -> None:
-    """oneDNN with packed weights (engine.packed_linear, the default) against plain nn.Linear:
-    the same greedy tokens, log-probs equal to float32 rounding."""
+    """oneDNN with packed weights (engine.embedded.packed_linear, the default) against plain
+    nn.Linear: the same greedy tokens, log-probs equal to float32 rounding."""
 
     def answers(packed: bool) -> list[Completion]:
         with running_engine(tiny_dir, packed_linear=packed) as engine:

@@ -31,13 +31,13 @@ from starlette.testclient import TestClient
 from reef.engines.vllm import PLUGINS, VllmEngine
 from reef.engines.vllm_plugins.reef_vllm_guard import Guard
 from reef.engines.vllm_sync import auth_headers, keyed_session
-from reef.settings import EngineSettings, load_settings
+from reef.settings import EngineSettings, VllmSettings, load_settings
 
 KEY = "test-key-0123456789abcdefghijklmnopqrstuv"
 
 
-def _launched(tiny_dir: Path, tmp_path: Path, **settings: Any) -> VllmEngine:
-    cfg = EngineSettings(kind="vllm", model=str(tiny_dir), **settings)
+def _launched(tiny_dir: Path, tmp_path: Path, **vllm: Any) -> VllmEngine:
+    cfg = EngineSettings(kind="vllm", model=str(tiny_dir), vllm=VllmSettings(**vllm))
     return VllmEngine.from_config(cfg, tmp_path)
 
 
@@ -65,7 +65,7 @@ def test_launched_vllm_binds_loopback_with_a_random_key_off_its_command_line(
 
 
 def test_vllm_host_and_key_settings(tiny_dir: Path, tmp_path: Path) -> None:
-    server = _launched(tiny_dir, tmp_path, vllm_host="0.0.0.0", vllm_api_key=SecretStr(KEY)).server
+    server = _launched(tiny_dir, tmp_path, host="0.0.0.0", api_key=SecretStr(KEY)).server
     assert server is not None
     command = server.command()
     assert command[command.index("--host") + 1] == "0.0.0.0"
@@ -76,10 +76,10 @@ def test_vllm_host_and_key_settings(tiny_dir: Path, tmp_path: Path) -> None:
 def test_vllm_api_key_from_the_environment_stays_secret(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("REEF_ENGINE__VLLM_API_KEY", KEY)
+    monkeypatch.setenv("REEF_ENGINE__VLLM__API_KEY", KEY)
     settings = load_settings()
-    assert settings.engine.vllm_api_key is not None
-    assert settings.engine.vllm_api_key.get_secret_value() == KEY
+    assert settings.engine.vllm.api_key is not None
+    assert settings.engine.vllm.api_key.get_secret_value() == KEY
     assert KEY not in repr(settings) and KEY not in str(settings.model_dump())
 
 
@@ -225,8 +225,7 @@ def test_every_call_to_vllm_carries_its_key(
     cfg = EngineSettings(
         kind="vllm",
         model=str(tiny_dir),
-        vllm_url=url,
-        vllm_api_key=SecretStr(KEY),
+        vllm=VllmSettings(url=url, api_key=SecretStr(KEY)),
         default_max_tokens=7,
     )
     engine = VllmEngine.from_config(cfg, tmp_path)
@@ -267,7 +266,7 @@ def test_a_wrong_key_stops_reef_at_start_saying_so(tiny_dir: Path) -> None:
     with EchoUpstream("--api-key", KEY, "--model", "echo") as upstream:
         root = upstream.base_url.removesuffix("/v1")
         engine = VllmEngine(root, "echo", tiny_dir, api_key="not-the-key")
-        with pytest.raises(BadRequest, match=r"401.*engine\.vllm_api_key"):
+        with pytest.raises(BadRequest, match=r"401.*engine\.vllm\.api_key"):
             asyncio.run(engine.start())
         right = VllmEngine(root, "echo", tiny_dir, api_key=KEY)
 

@@ -163,14 +163,14 @@ def test_an_upstream_engine_evolves_its_harness(
     from flows.evolve import evolve
 
     with InProcessReef(tmp_path_factory.mktemp("back")) as back:
-        upstream = {"kind": "upstream", "upstream_url": back.base_url}
+        upstream = {"kind": "upstream", "upstream": {"url": back.base_url}}
         with InProcessReef(tmp_path_factory.mktemp("front"), engine=upstream) as front:
             _failing_traffic(front, "hosted")
             base = _chain(front, "hosted")[0]
             overrides = _overrides(front, "always")
             overrides["engine"] = {
                 "kind": "upstream",
-                "upstream_url": back.base_url,
+                "upstream": {"url": back.base_url},
                 "model": "tiny",
             }
             result = evolve("hosted", overrides=overrides)

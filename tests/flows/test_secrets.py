@@ -143,7 +143,7 @@ def test_no_secret_leaves_the_settings(
     from prefect.settings import PREFECT_API_URL
 
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("REEF_ENGINE__UPSTREAM_API_KEY", KEY)
+    monkeypatch.setenv("REEF_ENGINE__UPSTREAM__API_KEY", KEY)
     # the worker below talks to the session's Prefect server (no temporary one to start)
     monkeypatch.setenv("PREFECT_API_URL", str(PREFECT_API_URL.value()))
     state = tmp_path / "state"
@@ -163,7 +163,7 @@ def test_no_secret_leaves_the_settings(
     leaks += _leaks("the worker's argv", argv)
 
     with InProcessReef(state, config=config, store={"database_url": secret_url}) as srv:
-        assert srv.settings.engine.upstream_api_key.get_secret_value() == KEY
+        assert srv.settings.engine.upstream.api_key.get_secret_value() == KEY
         traffic(srv, S, 4, prompt="q{i}", report=lambda i, rid: {"score": 1.0}, max_tokens=3)
         common = ["-c", str(config), "--state-dir", str(state), "--port", str(srv.port)]
         # `reef evolve --database-url ... --force`: the flow runs in this process

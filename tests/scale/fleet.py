@@ -32,7 +32,10 @@ def fleet_config(extra: dict[str, Any]) -> dict[str, Any]:
     heartbeat, one admin token (auth.tokens, reef.engine_token comes from the environment)."""
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     config: dict[str, Any] = {
-        "engine": {"model": "tiny", "registry": True, "heartbeat_s": 1.0, "registry_ttl_s": 5.0},
+        "engine": {
+            "model": "tiny",
+            "fleet": {"registry": True, "heartbeat_s": 1.0, "registry_ttl_s": 5.0},
+        },
         "auth": {"tokens": [{"name": "ops", "sha256": digest, "admin": True}]},
         "reef": {"auto": False},
     }

@@ -4,7 +4,7 @@ Postgres (a throwaway database) holds records, reports, the release chain and th
 registry; moto_server is S3 (datasets, release files, MLflow artifacts); `mlflow server` on
 SQLite is the tracking server; a Prefect server with a process worker of the `reef` pool runs
 the evolve; three `reef serve` replicas on the tiny model embed an engine each, register it in
-the database (engine.registry) and share one admin token.
+the database (engine.fleet.registry) and share one admin token.
 
 Steps, under a bounded load spread across the replicas (each call reported through another
 replica, with a correction, so the sft recipe has a batch):

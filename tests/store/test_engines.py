@@ -1,4 +1,4 @@
-"""EngineStore's contract on both backends: the engine registry (engine.registry), replicas'
+"""EngineStore's contract on both backends: the engine.fleet.registry (engine.registry), replicas'
 heartbeats."""
 
 from __future__ import annotations

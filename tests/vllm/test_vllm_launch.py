@@ -23,8 +23,8 @@ pytestmark = pytest.mark.vllm
 
 def test_vllm_launched_by_reef_serves_and_stops_with_it(tmp_path: Path) -> None:
     env = {
-        "REEF_ENGINE__VLLM_PYTHON": str(VLLM_PYTHON),
-        "REEF_ENGINE__VLLM_ARGS": json.dumps(VLLM_ARGS),
+        "REEF_ENGINE__VLLM__PYTHON": str(VLLM_PYTHON),
+        "REEF_ENGINE__VLLM__ARGS": json.dumps(VLLM_ARGS),
     }
     srv = ReefServer(tmp_path, "--engine", "vllm", "--model", "tiny", env=env)
     srv.start(timeout_s=600)
@@ -54,8 +54,8 @@ def test_launched_vllm_refuses_callers_without_its_key(tmp_path: Path, tiny_dir:
     dev-mode ones); /health stays open. Reef's own calls carry it: serving, readiness, and the
     admin routes a deploy drives (loading an adapter, verifying it against /weight_info)."""
     env = {
-        "REEF_ENGINE__VLLM_PYTHON": str(VLLM_PYTHON),
-        "REEF_ENGINE__VLLM_ARGS": json.dumps(VLLM_ARGS),
+        "REEF_ENGINE__VLLM__PYTHON": str(VLLM_PYTHON),
+        "REEF_ENGINE__VLLM__ARGS": json.dumps(VLLM_ARGS),
         "REEF_ENGINE__ALLOW_LOCAL_PATHS": "true",  # the adapter is a directory written here
     }
     srv = ReefServer(tmp_path / "reef", "--engine", "vllm", "--model", "tiny", env=env)

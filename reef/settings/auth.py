@@ -1,0 +1,55 @@
+"""auth: the bearer tokens Reef accepts, each stored as its sha256."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from reef.settings.section import Section
+
+
+class QuotaSettings(Section):
+    """Limits on one token's calls, counted in the database (every replica shares them) in
+    fixed windows: the minute and the UTC day. None: no limit."""
+
+    requests_per_minute: int | None = Field(None, ge=1, description="inference calls a minute")
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="prompt + completion tokens a minute"
+    )
+    tokens_per_day: int | None = Field(
+        None, ge=1, description="prompt + completion tokens a UTC day (a daily budget)"
+    )
+
+    @property
+    def limited(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.requests_per_minute, self.tokens_per_minute, self.tokens_per_day)
+        )
+
+
+class TokenSettings(Section):
+    name: str
+    sha256: str = Field(description="hex sha256 of the token; `reef token` makes one")
+    admin: bool = False
+    scenarios: tuple[str, ...] = ()
+    quota: QuotaSettings = Field(
+        QuotaSettings(), description="limits over all the token's scenarios together"
+    )
+    scenario_quotas: dict[str, QuotaSettings] = Field(
+        default_factory=dict,
+        description="limits per scenario (scenario name -> limits), besides `quota`",
+    )
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str) -> str:
+        v = v.removeprefix("sha256:").lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("sha256 must be 64 hex digits (the token's hash, not the token)")
+        return v
+
+
+class AuthSettings(Section):
+    tokens: tuple[TokenSettings, ...] = ()

@@ -1,0 +1,70 @@
+"""judge: who turns next turns and text-only reports into scored reports."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from reef.settings.section import DOTTED, Section
+
+
+class JudgeSettings(Section):
+    """Who turns next turns and text-only reports into scored reports (reef.judge), in the
+    worker. Default judge: the scenario's served head through the engine's admin generate
+    route; `url` + `model` name any OpenAI-compatible /v1 instead; `function` a rule judge."""
+
+    enabled: bool | None = Field(
+        None, description="judge in the worker; null: when the recipe is openclaw"
+    )
+    function: str | None = Field(
+        None, description="pkg.module:fn(task, exchange, sample) -> the judge's raw answer"
+    )
+    url: str | None = Field(None, description="an OpenAI-compatible judge's base URL (/v1)")
+    model: str | None = Field(None, description="the model name sent to `url`")
+    api_key: SecretStr | None = Field(None, description="the key for `url` (REEF_JUDGE__API_KEY)")
+    method: Literal["likelihood", "generate"] = Field(
+        "likelihood",
+        description="likelihood: the served base model reads the reaction once and the verdict "
+        "is the likeliest label, calibrated by a probe (reef.verdicts; needs the model's files, "
+        "so not in upstream mode); generate: m sampled answers per question ending in "
+        "\\boxed{v} (judge.url and judge.function always generate)",
+    )
+    min_confidence: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="a verdict less sure than this is stored but scores 0 and trains nothing",
+    )
+    hints: Literal["reaction", "none"] = Field(
+        "reaction",
+        description="likelihood judges: the hint of a negative verdict on a user's reaction "
+        "longer than 10 characters is the reaction itself (reaction), or there is none",
+    )
+    probe: bool = Field(
+        True,
+        description="likelihood judges: calibrate with a probe fitted on the shipped seed "
+        "labels plus the scenario's turns that a person scored and that have a next state",
+    )
+    retries: int = Field(
+        1,
+        ge=0,
+        description="a judging that fails or times out is tried again this often, then "
+        "stored as a drop with its reason (scenario status, /metrics)",
+    )
+    votes: int = Field(3, ge=1, description="m: answers per question, plurality wins")
+    temperature: float = Field(0.6, ge=0.0)
+    max_tokens: int = Field(512, ge=1)
+    timeout_s: float = Field(120.0, gt=0, description="per judged turn (all its answers)")
+    concurrency: int = Field(8, ge=1, description="turns judged at once")
+    session_ttl_s: float = Field(
+        900.0, gt=0, description="a last turn with no next turn after this long is retired"
+    )
+    poll_s: float = Field(2.0, gt=0, description="how often the worker looks for new turns")
+
+    @field_validator("function")
+    @classmethod
+    def _dotted(cls, v: str | None) -> str | None:
+        if v is not None and not DOTTED.fullmatch(v):
+            raise ValueError("judge.function must be a dotted path pkg.module:function")
+        return v

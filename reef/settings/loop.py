@@ -1,0 +1,79 @@
+"""reef: the learning loop's keys (recipe, batch size, staleness, training processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from reef.recipe import RECIPES, distributed_refusal, recipe_class
+from reef.settings.section import DOTTED, Section
+
+
+class TrainSettings(Section):
+    """How a weights recipe's training runs on the worker host (recipes.distributed)."""
+
+    processes: int = Field(
+        1,
+        ge=1,
+        description="training processes on the worker host; > 1 runs the recipe under "
+        "`accelerate launch` with DDP (gloo on CPU, NCCL on GPUs): sft, kto, dpo",
+    )
+    accelerate_config: Path | None = Field(
+        None,
+        description="an `accelerate config` YAML (multi-GPU, FSDP, DeepSpeed) on the worker "
+        "host, for processes > 1; None: plain DDP over the host's GPUs, or its CPU",
+    )
+
+
+class LoopSettings(Section):
+    """The learning loop's keys (the seed's `reef:` section); used from the experience stream on."""
+
+    recipe: str = "sft"
+    batch_size: int = Field(32, ge=1)
+    max_staleness: int = Field(0, ge=0, description="releases behind the head a sample may be")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the recipe's hyper-parameters, overriding its defaults"
+    )
+    auto: bool = Field(
+        True, description="start the evolve flow when a scenario has batch_size eligible samples"
+    )
+    engine_url: str | None = Field(
+        None,
+        description="admin URL of the serving engine that deploys go to; default: this server",
+    )
+    engine_token: SecretStr | None = Field(
+        None,
+        description="admin token deploys send to engine_url / engine.admin_urls, which reef "
+        "serve also accepts on its admin routes (unset: it makes one for its worker)",
+    )
+    schedule_s: float | None = Field(
+        None, gt=0, description="also check every scenario for a ready batch this often"
+    )
+    train_threads: int | None = Field(
+        1,
+        ge=1,
+        description="torch threads for training and evaluation (None: torch's default); "
+        "1 leaves the other cores to the serving engine",
+    )
+    seed: int = 0
+    train: TrainSettings = TrainSettings()
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, v: str) -> str:
+        if v not in RECIPES and not DOTTED.fullmatch(v):
+            names = ", ".join(sorted(RECIPES))
+            raise ValueError(f"recipe must be one of {names} or a dotted path pkg.module:Class")
+        return v
+
+    @model_validator(mode="after")
+    def _distributed(self) -> LoopSettings:
+        """A recipe that cannot train in several processes is refused at start, not when its
+        first batch is ready."""
+        if self.train.processes > 1:
+            refused = distributed_refusal(recipe_class(self.recipe), self.train.processes)
+            if refused:
+                raise ValueError(refused)
+        return self

@@ -1,0 +1,86 @@
+"""server: where Reef listens, the request limits it enforces, and who may scrape /metrics."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from reef.settings.section import Section
+
+_HOST_NAME = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
+
+
+def host_name(text: str) -> str:
+    """A host name as a Host header carries it, without a port: lower case, IPv6 addresses in
+    brackets; `*` (any host) and `*.example.com` (its subdomains) pass as they are."""
+    name = text.strip().lower()
+    if name == "*":
+        return name
+    bare = name.removeprefix("[").removesuffix("]")
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    else:
+        return f"[{address}]" if address.version == 6 else str(address)
+    if not _HOST_NAME.fullmatch(name):
+        raise ValueError(f"'{text}' is not a host name (give names without scheme or port)")
+    return name.rstrip(".")
+
+
+class ServerSettings(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8900, ge=0, le=65535)
+    state_dir: Path = Path(".reef")
+    default_scenario: str = "default"
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size cap")
+    max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
+    max_n: int = Field(4, ge=1, description="largest n (choices per request) a request may ask")
+    max_stop: int = Field(4, ge=0, description="most stop strings (stop, stop_sequences)")
+    max_stop_chars: int = Field(256, ge=1, description="longest stop string, in characters")
+    max_messages: int = Field(1024, ge=1, description="most messages in one request")
+    max_tools: int = Field(128, ge=0, description="most tool definitions in one request")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host header names answered besides loopback (and the bound host), any "
+        "port; '*.example.com' for subdomains, '*' for any; others get 421",
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="/metrics answers only `Authorization: Bearer <this>` when set"
+    )
+    metrics_scenario_labels: bool | None = Field(
+        None,
+        description="label /metrics series by scenario (names are visible to whoever scrapes); "
+        "null: only when metrics_token is set",
+    )
+
+    @field_validator("state_dir")
+    @classmethod
+    def _expand_state_dir(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(host_name(h) for h in v)
+
+    @property
+    def scenario_labels(self) -> bool:
+        """Whether /metrics names scenarios (see metrics_scenario_labels)."""
+        if self.metrics_scenario_labels is None:
+            return self.metrics_token is not None
+        return self.metrics_scenario_labels
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
