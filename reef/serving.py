@@ -23,7 +23,7 @@ from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
 from reef.harness import Harness, HarnessCache
 from reef.limits import Limits
 from reef.records import Record, Scenario, new_id, utcnow
-from reef.rollouts import ARM_TAG, ROLLOUT_TAG, Rollouts, served_release
+from reef.rollouts import Arm, Rollouts, served_release
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.shadow import Shadows
 from reef.store.base import Store
@@ -67,6 +67,9 @@ class Call:
     # The client named the session (x-reef-session-id, a continued response): a turn another
     # replica took first becomes the next turn of that session, not a fork.
     explicit_session: bool = False
+    # The rollout arm drawn for this call: the one its outcome counts for (never its tags,
+    # which a caller's headers could have named).
+    arm: Arm | None = None
 
     @property
     def release_id(self) -> str:
@@ -217,6 +220,7 @@ class Serving:
         """
         record_id = new_id("rec")
         base_body = engine_body
+        arm = None
         if self.rollouts is not None:
             arm = await self.rollouts.arm(
                 scenario,
@@ -260,6 +264,7 @@ class Serving:
                     replay=stored,
                     native=native,
                     base_body=base_body,
+                    arm=arm,
                 )
         try:
             session = await self._session(
@@ -283,6 +288,7 @@ class Serving:
             native=native,
             base_body=base_body,
             explicit_session=session_id is not None,
+            arm=arm,
         )
 
     async def _with_harness(
@@ -552,13 +558,13 @@ class Serving:
     def _observe(self, call: Call, error: BaseException | None, t0: float) -> None:
         """A rollout arm's call outcome for its guardrail: a server-side failure (an engine
         error, a 5xx) counts against the arm; a refused request (4xx) is the client's."""
-        arm = call.tags.get(ARM_TAG)
-        if self.rollouts is None or arm not in ("canary", "control"):
+        arm = call.arm
+        if self.rollouts is None or arm is None or arm.name not in ("canary", "control"):
             return
         if error is not None and getattr(error, "status", 500) < 500:
             return
         ms = (time.perf_counter() - t0) * 1000.0
-        self.rollouts.observe(call.tags[ROLLOUT_TAG], arm, error is None, ms)  # type: ignore[arg-type]
+        self.rollouts.observe(arm.rollout_id, arm.name, error is None, ms)
 
     async def open_stream(
         self, call: Call, render: Render = _identity
