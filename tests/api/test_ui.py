@@ -286,3 +286,56 @@ def test_curves_show_demo_figures_and_release_metrics(secured: InProcessReef) ->
         assert "figures/figs/broken.json" in html  # reported, the page still renders
     with _signed_in(secured, ALICE) as client:  # another scenario's figures stay hidden
         assert client.get("/ui/s/figs/curves").status_code == 403
+
+
+UI_HEADERS = {
+    "x-frame-options": "DENY",
+    "content-security-policy": "default-src 'self'; script-src 'self'; object-src 'none'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+}
+
+
+def _framing_headers(r: httpx.Response) -> None:
+    for name, value in UI_HEADERS.items():
+        assert r.headers.get(name) == value, (r.request.url, r.status_code, name)
+
+
+def test_every_ui_answer_forbids_framing(secured: InProcessReef, server: InProcessReef) -> None:
+    """No page of the dashboard can be framed by another site (its buttons clicked through a
+    transparent frame), in either mode: pages, redirects, errors, assets, refusals."""
+    with _signed_in(secured, ADMIN) as client:
+        for path in ("/ui", "/ui/s/bob/records", "/ui/s/bob/releases", "/ui/s/nope!/records"):
+            _framing_headers(client.get(path))
+        _framing_headers(client.get("/ui/static/reef.js"))
+        _framing_headers(client.get("/ui/static/missing.js"))  # 404
+        _framing_headers(client.post("/ui/s/bob/evolve", data={"csrf": "forged"}))  # 403
+    _framing_headers(httpx.get(f"{secured.url}/ui/s/bob/records"))  # 303 to sign in
+    _framing_headers(httpx.get(f"{secured.url}/ui/login"))
+    _framing_headers(httpx.post(f"{secured.url}/ui/login", data={"token": "wrong"}))  # 401
+    _framing_headers(httpx.get(f"{server.url}/ui"))  # no-token mode
+    _framing_headers(httpx.get(f"{server.url}/ui", headers={"host": "attacker.example"}))  # 421
+    # the API is not a page: its answers stay as they were
+    assert "x-frame-options" not in httpx.get(f"{server.url}/healthz").headers
+
+
+def test_templates_need_no_inline_code() -> None:
+    """The policy allows scripts and styles from files only: no template may hold an inline
+    script, an event handler attribute, a style attribute or element, or a javascript: URL."""
+    templates = Path(__file__).parents[2] / "api" / "ui" / "templates"
+    inline_script = re.compile(r"<script(?![^>]*\b(?:src=|type=\"application/json\"))[^>]*>")
+    forbidden = [
+        inline_script,
+        re.compile(r"\son[a-z]+\s*=", re.IGNORECASE),
+        re.compile(r"\sstyle\s*=", re.IGNORECASE),
+        re.compile(r"<style", re.IGNORECASE),
+        re.compile(r"javascript:", re.IGNORECASE),
+    ]
+    found = [
+        (f.name, pattern.pattern)
+        for f in sorted(templates.glob("*.html"))
+        for pattern in forbidden
+        if pattern.search(f.read_text())
+    ]
+    assert found == []
