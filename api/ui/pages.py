@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -80,12 +81,30 @@ def page(fn: Page) -> Page:
 
 def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:
     ctx.setdefault("scenario", None)
-    ctx.update(
-        who=who,
-        flash=request.query_params.get("msg"),
-        flash_error=request.query_params.get("err"),
-    )
+    ctx.update(who=who, flash=_flash(request.query_params.get("msg"), request.query_params))
     return templates.TemplateResponse(request, name, ctx, headers=_NO_STORE)
+
+
+# The status line after an action: the redirect names one of these keys (and the id it acted
+# on), never text, so a link cannot make the dashboard say anything it did not write.
+MESSAGES = {
+    "promoted": ("{id} is the head", "promoted: the head moved"),
+    "rejected": ("{id} is rejected", "the candidate is rejected"),
+    "not_pending": ("{id} was not pending: left as it was", "the candidate was not pending"),
+    "rolled_back": ("rolled back: {id} is the head", "rolled back"),
+    "evolve_requested": ("evolve requested", "evolve requested"),
+}
+_MESSAGE_ID = re.compile(r"[a-z]{2,8}_[0-9a-z]{26}")
+
+
+def _flash(key: str | None, params: Any) -> str | None:
+    """The status line's text for message `key` (None for no key or an unknown one); the id
+    is shown only when it has the shape of Reef's ids."""
+    if key not in MESSAGES:
+        return None
+    with_id, plain = MESSAGES[key]
+    rid = params.get("id") or ""
+    return with_id.format(id=rid) if _MESSAGE_ID.fullmatch(rid) else plain
 
 
 # Pages show what a token may see: never cached by the browser or a proxy.
@@ -541,7 +560,7 @@ async def promote(request: Request, scenario: str) -> Response:
     svc, who, name, form = await _admin_form(request, scenario, "promote")
     rid = _release_id(form)
     release = await _call(svc.chain.promote, name, rid, by=who.principal.name)
-    return _back(name, "releases", f"{release.id} is the head (seq {release.seq})")
+    return _back(name, "releases", "promoted", release.id)
 
 
 @router.post("/s/{scenario}/reject")
@@ -552,7 +571,8 @@ async def reject(request: Request, scenario: str) -> Response:
     cand = await _call(svc.store.get_candidate, name, rid)
     note = form.get("note") or f"rejected by {who.principal.name} in the dashboard"
     done = await _call(svc.chain.reject, cand, note)
-    return _back(name, "candidates", f"{done.id} is {done.status}")
+    key = "rejected" if done.status == "rejected" else "not_pending"
+    return _back(name, "candidates", key, done.id)
 
 
 @router.post("/s/{scenario}/rollback")
@@ -560,7 +580,7 @@ async def reject(request: Request, scenario: str) -> Response:
 async def rollback(request: Request, scenario: str) -> Response:
     svc, _, name, form = await _admin_form(request, scenario, "rollback")
     release = await _call(svc.chain.rollback, name, _release_id(form))
-    return _back(name, "releases", f"rolled back: {release.id} (seq {release.seq}) is the head")
+    return _back(name, "releases", "rolled_back", release.id)
 
 
 @router.post("/s/{scenario}/evolve")
@@ -573,7 +593,7 @@ async def evolve(request: Request, scenario: str) -> Response:
             "no evolve worker runs on this server: start reef serve with reef.auto on",
             code="no_worker",
         )
-    return _back(name, "jobs", f"evolve requested for '{name}'")
+    return _back(name, "jobs", "evolve_requested")
 
 
 def _release_id(form: dict[str, str]) -> str:
@@ -583,10 +603,10 @@ def _release_id(form: dict[str, str]) -> str:
     return rid
 
 
-def _back(name: str, tab: str, message: str) -> Response:
-    return RedirectResponse(
-        f"/ui/s/{quote(name)}/{tab}?{urlencode({'msg': message})}", status_code=303
-    )
+def _back(name: str, tab: str, message: str, rid: str | None = None) -> Response:
+    """Back to a tab, its status line saying MESSAGES[message] (about `rid`)."""
+    query = {"msg": message, **({"id": rid} if rid else {})}
+    return RedirectResponse(f"/ui/s/{quote(name)}/{tab}?{urlencode(query)}", status_code=303)
 
 
 # learning curves -----------------------------------------------------------------------

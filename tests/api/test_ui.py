@@ -339,3 +339,23 @@ def test_templates_need_no_inline_code() -> None:
         if pattern.search(f.read_text())
     ]
     assert found == []
+
+
+def test_status_line_says_only_what_the_server_wrote(server: InProcessReef, scenario: str) -> None:
+    """The status line after an action comes from a message key and a checked id: a link
+    cannot make the dashboard say anything else."""
+    traffic(server, scenario, 1, max_tokens=2)
+    page = f"{server.url}/ui/s/{scenario}/records"
+    for forged in (
+        {"msg": "Session expired: sign in again at https://evil.example"},
+        {"err": "Your token leaked: paste it at https://evil.example"},
+        {"msg": "promoted", "id": "see https://evil.example"},
+    ):
+        text = httpx.get(page, params=forged).text
+        assert "evil.example" not in text, forged
+        assert 'role="alert"' not in text
+    rid = "rel_" + "0" * 26
+    shown = httpx.get(page, params={"msg": "promoted", "id": rid}).text
+    assert f'role="status">{rid} is the head</p>' in shown
+    shown = httpx.get(page, params={"msg": "promoted", "id": "see https://evil.example"}).text
+    assert 'role="status">promoted: the head moved</p>' in shown  # the key's text, no id
