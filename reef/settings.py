@@ -365,6 +365,12 @@ class TokenSettings(_Section):
 
 class AuthSettings(_Section):
     tokens: tuple[TokenSettings, ...] = ()
+    secure_cookie: bool | None = Field(
+        None,
+        description="the dashboard's session cookie is Secure (browsers send it over https "
+        "only); null: on when tokens are configured and server.host is not loopback (a TLS "
+        "proxy in front), else only for requests that came over https",
+    )
 
 
 class TrainSettings(_Section):

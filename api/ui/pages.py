@@ -34,6 +34,7 @@ from api.ui.signin import (
     Viewer,
     checked_form,
     read_form,
+    secure_cookie,
     sign_in,
     sign_out,
     viewer,
@@ -160,7 +161,7 @@ async def login(request: Request) -> Response:
         path="/ui",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure_cookie(services(request).settings, request.url.scheme),
     )
     return resp
 

@@ -359,3 +359,33 @@ def test_status_line_says_only_what_the_server_wrote(server: InProcessReef, scen
     assert f'role="status">{rid} is the head</p>' in shown
     shown = httpx.get(page, params={"msg": "promoted", "id": "see https://evil.example"}).text
     assert 'role="status">promoted: the head moved</p>' in shown  # the key's text, no id
+
+
+def test_session_cookie_is_secure_off_loopback(tmp_path: Path, secured: InProcessReef) -> None:
+    """Bound off loopback with tokens, sign-in travels over TLS (a proxy in front): the cookie
+    is Secure even when the proxy speaks plain http to Reef. auth.secure_cookie decides
+    explicitly."""
+    from api.ui.signin import secure_cookie
+    from reef.settings import load_settings
+
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        f"auth:\n  tokens:\n    - {{name: ops, sha256: {hash_token(ADMIN)}, admin: true}}\n"
+        "server:\n  host: 0.0.0.0\n"
+    )
+    with InProcessReef(tmp_path / "state", config=config) as srv:
+        r = httpx.post(f"{srv.url}/ui/login", data={"token": ADMIN})
+        assert r.status_code == 303 and "; secure" in r.headers["set-cookie"].lower()
+    on_loopback = httpx.post(f"{secured.url}/ui/login", data={"token": ADMIN})
+    assert "; secure" not in on_loopback.headers["set-cookie"].lower()
+    tokens = {"tokens": [{"name": "ops", "sha256": hash_token(ADMIN), "admin": True}]}
+    wide = {"host": "0.0.0.0"}
+    cases = [
+        ({"auth": tokens, "server": wide}, "http", True),
+        ({"auth": {**tokens, "secure_cookie": False}, "server": wide}, "http", False),
+        ({"auth": {**tokens, "secure_cookie": True}}, "http", True),
+        ({"auth": tokens}, "http", False),
+        ({"auth": tokens}, "https", True),
+    ]
+    for overrides, scheme, want in cases:
+        assert secure_cookie(load_settings(None, **overrides), scheme) is want, overrides
