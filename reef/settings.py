@@ -259,6 +259,12 @@ class EngineSettings(_Section):
         description="registry: the admin URL other processes reach this server at; default: "
         "http://<server.host>:<server.port>",
     )
+    registry_allow: tuple[str, ...] = Field(
+        (),
+        description="registry: host names of registered engines that deploys reach (and send "
+        "reef.engine_token to), '*.example.com' for subdomains, '*' for any; off loopback only "
+        "https URLs; loopback engines are always reached",
+    )
     heartbeat_s: float = Field(10.0, gt=0, description="registry: how often it says it is alive")
     registry_ttl_s: float = Field(
         30.0,
@@ -295,6 +301,11 @@ class EngineSettings(_Section):
     @classmethod
     def _admin_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(_server_root(url) for url in v))
+
+    @field_validator("registry_allow")
+    @classmethod
+    def _registry_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(host_name(h) for h in v)
 
     @field_validator("advertise_url")
     @classmethod
