@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from reef import anthropic
+from reef import anthropic, responses
 from reef.engines.base import Completion, Engine, ServesResponses
 from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
@@ -74,6 +74,14 @@ class Call:
     @property
     def release_id(self) -> str:
         return self.replay.release_id if self.replay else self.scenario.head_release_id
+
+
+def _state_hash(call: Call, response: dict[str, Any], answer: dict[str, Any]) -> str:
+    """The conversation state after the call; for a Responses body passed through (whose
+    conversation the upstream keeps), the upstream's response id as a state."""
+    if call.native and isinstance(response.get("id"), str):
+        return responses.answered_state(response["id"])
+    return record_state_hash(call.engine_body.get("messages") or [], answer)
 
 
 @dataclass(frozen=True)
@@ -489,7 +497,7 @@ class Serving:
             session_id=call.session_id,
             turn=call.turn,
             parent_id=call.parent_id,
-            state_hash=record_state_hash(call.engine_body.get("messages") or [], answer),
+            state_hash=_state_hash(call, response, answer),
             idempotency_key=call.idempotency_key,
         )
 
