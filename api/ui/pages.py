@@ -281,7 +281,7 @@ async def records(request: Request, scenario: str) -> Response:
         seqs={r.id: f"#{r.seq} {r.operation}" for r in chain},
         next_url=next_url,
         window_end=got.window_end,
-        window=svc.browse.window,
+        window=min(svc.browse.window, svc.browse.text_window) if flt.text else svc.browse.window,
         first_url="?" + urlencode(keep) if q.get("before") else None,
         archived=archived,
         retention_days=svc.settings.store.retention_days,
