@@ -43,8 +43,9 @@ from reef.wire import ResponsesRequest
 router = APIRouter(tags=["openai"])
 log = logging.getLogger("reef.api")
 
-# How many earlier responses a `previous_response_id` chain may reach back.
-MAX_CHAIN = 1000
+# How many earlier responses a `previous_response_id` chain may reach back: each is a record
+# read on every call that continues it, so the cost of a call stays bounded.
+MAX_CHAIN = 128
 
 
 def event(data: dict[str, Any]) -> bytes:
