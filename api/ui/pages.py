@@ -312,7 +312,9 @@ async def archive(request: Request, scenario: str) -> Response:
     svc, who, name = await _scoped(request, scenario)
     await _call(svc.store.get_scenario, name)  # 404 for an unknown scenario
     before = request.query_params.get("before") or None
-    got = await _call(archived_page, svc.store, svc.artifacts, name, before, PAGE_SIZE)
+    got = await _call(
+        archived_page, svc.store, svc.artifacts, name, before, PAGE_SIZE, svc.archive_files
+    )
     reports = await _call(_archive_reports, svc, name, [r.id for r in got.records])
     feedback = {
         rid: Feedback(len(reps), _mean([p.score for p in reps if p.score is not None]))
@@ -345,7 +347,7 @@ async def archive_record(request: Request, scenario: str, record_id: str) -> Res
     svc, who, name = await _scoped(request, scenario)
     if await _call(svc.store.existing_record_ids, name, [record_id]):
         return RedirectResponse(f"/ui/s/{quote(name)}/records/{quote(record_id)}", status_code=303)
-    r = await _call(archived_record, svc.artifacts, name, record_id)
+    r = await _call(archived_record, svc.artifacts, name, record_id, svc.archive_files)
     reports = await _call(_archive_reports, svc, name, [r.id])
     return await _transcript(request, svc, who, name, None, [r], reports, archived=True)
 
@@ -356,7 +358,7 @@ def _archive_reports(svc: Services, name: str, ids: list[str]) -> dict[str, list
     from reef.retention import archived_reports_for
 
     live = svc.browse.reports_for(name, ids)
-    old = archived_reports_for(svc.artifacts, name, ids) if ids else {}
+    old = archived_reports_for(svc.artifacts, name, ids, svc.archive_files) if ids else {}
     out: dict[str, list[Report]] = {}
     for rid in ids:
         seen = {p.id for p in live.get(rid, [])}
