@@ -116,6 +116,6 @@ def test_another_scenarios_response_cannot_be_continued(
     with api.responses.with_streaming_response.create(
         model=MODEL, input="mine", stream=True
     ) as raw:
-        mine = [e for e in raw.parse() if e.type == "response.completed"][0].response
+        mine = next(e for e in raw.parse() if e.type == "response.completed").response
     again = api.responses.create(model=MODEL, previous_response_id=mine.id, input="and?")
     assert again.output_text == "echo: and? (turns before: 1)"
