@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from api.errors import from_validation
 from reef.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from reef.wire import ID_PATTERN
+from reef.wire import ID_PATTERN, RESERVED_TAG_PREFIX
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,6 +67,7 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
 
 
 _TAG_PREFIX = b"x-reef-tag-"
+_RESERVED_TAG = (_TAG_PREFIX + RESERVED_TAG_PREFIX.encode()).lower()
 _SESSION = b"x-reef-session-id"
 _IDEMPOTENCY = b"idempotency-key"
 _SESSION_ID = re.compile(ID_PATTERN)
@@ -94,6 +95,13 @@ def call_headers(request: Request) -> CallHeaders:
     idempotency_key: str | None = None
     for key, value in request.scope["headers"]:
         if key.startswith(_TAG_PREFIX) and len(key) > len(_TAG_PREFIX):
+            if key.startswith(_RESERVED_TAG):
+                raise BadRequest(
+                    f"tags under '{RESERVED_TAG_PREFIX}' are Reef's own: "
+                    f"drop the {key.decode('latin-1')} header",
+                    code="reserved_tag",
+                    param=key.decode("latin-1"),
+                )
             if len(tags) >= 32 or len(value) > 512:
                 raise BadRequest("at most 32 x-reef-tag-* headers of up to 512 characters each")
             tags[key[len(_TAG_PREFIX) :].decode("latin-1")] = value.decode("latin-1")

@@ -9,7 +9,7 @@ import gc
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -42,6 +42,9 @@ from reef.variants import Variants
 from reef.wire import SCENARIO_PATTERN
 
 log = logging.getLogger("reef.api")
+
+if TYPE_CHECKING:
+    from reef.retention import ArchiveFiles  # pyarrow: loaded when the archive is first read
 
 _SCENARIO = re.compile(SCENARIO_PATTERN)
 
@@ -207,6 +210,13 @@ class Services:
     def browse(self) -> Browse:
         """The dashboard's read-only, index-bounded queries over this store."""
         return Browse(self.store)
+
+    @functools.cached_property
+    def archive_files(self) -> ArchiveFiles:
+        """Archive files the dashboard read and checked, kept for its next views."""
+        from reef.retention import ArchiveFiles
+
+        return ArchiveFiles(self.artifacts)
 
     @functools.cached_property
     def ui_sessions(self) -> UISessions:

@@ -38,7 +38,7 @@ from reef import registry
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.errors import BadRequest, Conflict, NotFound, ReefError
 from reef.gate import Decision
-from reef.harness import Harness, HarnessCache, adds_executable
+from reef.harness import Harness, HarnessCache, changed_executable
 from reef.provenance import Provenance
 from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
@@ -267,16 +267,17 @@ class ReleaseChain:
             raise
 
     def release_harness(self, scenario: str, harness: Harness) -> Release | Candidate:
-        """An operator's harness, released on the head's weights; one that adds executable
-        content is held as a pending candidate for review instead (promote releases it)."""
+        """An operator's harness, released on the head's weights; one whose executable files
+        differ from the head's (path -> sha256) is held as a pending candidate for review
+        instead (promote releases it)."""
         self.store.ensure_scenario(scenario)  # as a first call would
         head = self.store.head_release(scenario)
         current = self.harness(head)
         if harness.content_hash() == current.content_hash():
             raise Conflict("the head already serves this harness", code="harness_unchanged")
-        added = adds_executable(current, harness)
-        if added:  # never served before someone has read it
-            reason = f"adds executable content ({', '.join(added)}): held for review"
+        changed = changed_executable(current, harness)
+        if changed:  # never served before someone has read it
+            reason = f"changes executable content ({', '.join(changed)}): held for review"
             decision = Decision(
                 status="pending", policy="manual", test="review", reason=reason, n=0
             )

@@ -9,6 +9,7 @@ routes (the `reef releases|rollback|promote` commands): its errors are read in o
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -287,12 +288,13 @@ class Registered:
         self.own = own  # this process's own URLs: its engine is reached in process
         self._clients: dict[str, EngineAdmin] = {}
         self._lock = threading.Lock()  # a serving process's chain runs in several threads
+        self._refused: set[str] = set()  # URLs already warned about
 
     def __call__(self) -> list[tuple[str, EngineTarget]]:
         urls = [
             url
             for url in self.store.live_engines(self.settings.engine.fleet.registry_ttl_s)
-            if not any(_same_server(url, own) for own in self.own)
+            if not any(_same_server(url, own) for own in self.own) and self._allowed(url)
         ]
         with self._lock:
             for url in urls:
@@ -300,11 +302,46 @@ class Registered:
                     self._clients[url] = EngineAdmin.for_settings(self.settings, url)
             return [(url, self._clients[url]) for url in urls]
 
+    def _allowed(self, url: str) -> bool:
+        """Whether a deploy may reach (and hand the engine token to) a registered URL: any
+        row in the table would otherwise receive it, over plain http too."""
+        if registry_allows(self.settings.engine.fleet.registry_allow, url):
+            return True
+        if url not in self._refused:
+            self._refused.add(url)
+            log.warning(
+                "registered engine %s left out of deploys: not loopback, and not an https URL "
+                "of a host in engine.fleet.registry_allow",
+                url,
+            )
+        return False
+
     def close(self) -> None:
         with self._lock:
             for client in self._clients.values():
                 client.close()
             self._clients = {}
+
+
+def registry_allows(allow: Sequence[str], url: str) -> bool:
+    """Loopback engines always; others only over https, with a host named in `allow` (a
+    name, `*.example.com` for its subdomains, `*` for any)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower().rstrip(".")
+    if host == "localhost" or _is_loopback_address(host):
+        return True
+    if parts.scheme != "https" or not host:
+        return False
+    if "*" in allow or host in allow or f"[{host}]" in allow:
+        return True
+    return any(entry.startswith("*.") and host.endswith(entry[1:]) for entry in allow)
+
+
+def _is_loopback_address(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def engines_for(

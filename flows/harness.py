@@ -7,8 +7,8 @@ with the harness files, candidates row) for the same deploy step (flows.release)
 
 - `candidate` (evolve flow, recipe "harness"): GEPA searches from the low-scored answers of
   the batch; the gate decides.
-- A candidate that adds executable content (extensions, scripts) is held for review whatever
-  the gate said.
+- A candidate that changes executable content (extensions, scripts, commands: compared with
+  the head's, path -> sha256) is held for review whatever the gate said.
 
 Episodes and the proposer reach the serving engine through its admin routes, so they run on
 exactly the weights that serve the scenario, and nothing they generate is recorded as traffic.
@@ -44,7 +44,7 @@ from recipes.harness.propose import (
 from recipes.harness.recipe import HarnessJob, HarnessParams, HarnessRecipe, HarnessSearch
 from reef.artifacts import artifacts_for
 from reef.errors import EngineUnavailable, NothingToTrain, ReefError
-from reef.harness import Harness, HarnessCache, adds_executable, diff
+from reef.harness import Harness, HarnessCache, changed_executable, diff
 from reef.provenance import Provenance
 from reef.records import Release
 from reef.settings import Settings
@@ -265,9 +265,9 @@ def candidate(
     finally:
         admin.close()
     decision = gate(result.candidate, result.head, settings, on_guards)
-    added = adds_executable(current, new)
-    if added:
-        decision = held_for_review(decision, f"adds executable content ({', '.join(added)})")
+    changed = changed_executable(current, new)
+    if changed:
+        decision = held_for_review(decision, f"changes executable content ({', '.join(changed)})")
     metrics = {**found.metrics, **result.metrics(), **decision.metrics()}
     log_gate(decision, result.__dict__, metrics)
     made = Provenance(recipe=recipe.name, dataset_id=dataset_id, metrics=metrics, run_id=run_id)

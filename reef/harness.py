@@ -10,7 +10,9 @@ weights. Its layout (POSIX paths, relative to the tree's root):
 - `prompts/<name>.md`: prompt templates.
 - `harness.json`: a JSON object of settings (optional), e.g. {"inject": true}.
 - `extensions/...` and `scripts/...`: allowed, but executable content (so are files that start
-  with `#!` or end in a script suffix), which a reviewer must see before a release is served.
+  with `#!` or end in a script suffix, and prompts and skill files an agent would run: a
+  `!`-backtick shell line, `allowed-tools` front matter), which a reviewer must see before a
+  release is served: any change to it (`changed_executable`) holds the harness for review.
 
 Nothing else is allowed, and sizes are bounded, so a harness can be checked, hashed, diffed and
 edited in memory. `content_hash` equals "sha256:" + `artifacts.tree_hash` of the directory that
@@ -47,6 +49,13 @@ RULES_FILE = "AGENTS.md"
 CONFIG_FILE = "harness.json"
 EXECUTABLE_DIRS = ("extensions", "scripts")
 SCRIPT_SUFFIXES = (".sh", ".py", ".js", ".mjs", ".ts", ".bash", ".zsh", ".ps1")
+
+# Markdown a coding agent runs: Claude Code and opencode turn prompts into commands, where a
+# !`cmd` line runs cmd in a shell when the command is used (skills likewise), and front matter
+# `allowed-tools` grants tools without asking.
+AGENT_DIRS = ("prompts", "skills")
+SHELL_LINE = "!`"
+_ALLOWED_TOOLS = re.compile(r"^\s*allowed[-_]tools\s*:", re.IGNORECASE | re.MULTILINE)
 
 _PATH_CHARS = re.compile(r"[A-Za-z0-9._/-]+")
 _SKILL_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
@@ -147,15 +156,16 @@ class Harness:
         return sorted(found, key=lambda s: s.name)
 
     def executable_files(self) -> list[str]:
-        """Paths a reviewer must read as code: extension and script folders, shebangs, and
-        script suffixes."""
-        return sorted(
-            path
-            for path, content in self.files.items()
-            if path.split("/")[0] in EXECUTABLE_DIRS
-            or content.startswith("#!")
-            or path.lower().endswith(SCRIPT_SUFFIXES)
-        )
+        """Paths a reviewer must read as code: extension and script folders, shebangs, script
+        suffixes, and prompts and skill files that run commands or grant tools in an agent."""
+        return sorted(path for path, content in self.files.items() if is_executable(path, content))
+
+    def executable_hashes(self) -> dict[str, str]:
+        """Each executable path with the sha256 of its content."""
+        return {
+            path: hashlib.sha256(self.files[path].encode()).hexdigest()
+            for path in self.executable_files()
+        }
 
     def system_text(self) -> str:
         """What server-side injection puts before a request: the rules, then a catalog of
@@ -238,9 +248,31 @@ def diff(old: Harness, new: Harness) -> dict[str, list[str]]:
     }
 
 
-def adds_executable(old: Harness, new: Harness) -> list[str]:
-    """The executable paths `new` has that `old` did not: what a reviewer must read first."""
-    return sorted(set(new.executable_files()) - set(old.executable_files()))
+def is_executable(path: str, content: str) -> bool:
+    """Whether a file of a harness is code something runs (see the module's docstring)."""
+    top = path.split("/")[0]
+    if top in EXECUTABLE_DIRS or content.startswith("#!") or path.lower().endswith(SCRIPT_SUFFIXES):
+        return True
+    if top not in AGENT_DIRS:
+        return False
+    return SHELL_LINE in content or bool(_ALLOWED_TOOLS.search(_front_matter_text(content)))
+
+
+def _front_matter_text(content: str) -> str:
+    """The text between a leading '---' line and the next one ("" without front matter)."""
+    lines = content.split("\n")
+    if lines[0].rstrip() != "---":
+        return ""
+    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() == "---"), len(lines))
+    return "\n".join(lines[1:end])
+
+
+def changed_executable(old: Harness, new: Harness) -> list[str]:
+    """The executable paths whose content differs between `old` (the head's harness) and `new`
+    (path -> sha256): created, updated, removed, or turned executable. What a reviewer must
+    read before `new` is served; removals count too, since dropping a guard changes what runs."""
+    before, after = old.executable_hashes(), new.executable_hashes()
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
 
 
 def _check_path(path: object) -> None:

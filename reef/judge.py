@@ -231,7 +231,23 @@ def configured_judge(j: JudgeSettings) -> Judge | None:
         max_tokens=j.max_tokens,
         timeout_s=j.timeout_s,
     )
-    return Judge(ask, f"endpoint:{j.url}#{j.model}", votes=j.votes)
+    return Judge(ask, endpoint_identity(j.url, j.model), votes=j.votes)
+
+
+def endpoint_identity(url: str, model: str) -> str:
+    """A judge endpoint's name in every judgment's metadata, which scoped tokens read: the URL
+    without userinfo, query or fragment, where a credential may ride."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    try:
+        port = parts.port
+    except ValueError:  # not a number: leave it out rather than fail the judge
+        port = None
+    netloc = f"{host}:{port}" if port is not None else host
+    return f"endpoint:{urlunsplit((parts.scheme, netloc, parts.path, '', ''))}#{model}"
 
 
 def _tally(votes: Sequence[int | None]) -> dict[str, int]:

@@ -21,6 +21,7 @@ the Responses bodies the client saw.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from typing import Any
@@ -42,6 +43,14 @@ def record_id_of(resp_id: str) -> str | None:
     if not resp_id.startswith("resp_") or len(resp_id) <= 5:
         return None
     return "rec_" + resp_id.removeprefix("resp_")
+
+
+def answered_state(resp_id: str) -> str:
+    """The state hash of a record that answered with an upstream's response `resp_id` (a
+    Responses body passed through): what lets a `previous_response_id` be checked against the
+    caller's scenario with one indexed lookup. No conversation hash (reef.sessions) starts
+    this way, so it never stitches a chat session."""
+    return hashlib.sha256(b"response\0" + resp_id.encode()).hexdigest()
 
 
 # input ----------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -387,6 +389,41 @@ def read_file(artifacts: ArtifactStore, f: ArchiveFile) -> pa.Table:
     return pq.read_table(io.BytesIO(data))
 
 
+class ArchiveFiles:
+    """Archive files fetched and checked once, kept as tables (least recently used first out,
+    at most `max_bytes` of them): a file is named by its content (its manifest gives its
+    sha256), so one verified once is the same file at every later read. The dashboard's
+    archive pages read through one; without it each view fetched and hashed whole files."""
+
+    def __init__(self, artifacts: ArtifactStore, max_bytes: int = 256 * 1024 * 1024):
+        self.artifacts = artifacts
+        self.max_bytes = max_bytes
+        self._tables: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # pages read from worker threads
+
+    def read(self, f: ArchiveFile) -> pa.Table:
+        slot = (f.key, f.sha256)
+        with self._lock:
+            hit = self._tables.get(slot)
+            if hit is not None:
+                self._tables.move_to_end(slot)
+                return hit
+        table = read_file(self.artifacts, f)
+        with self._lock:
+            if slot not in self._tables and table.nbytes <= self.max_bytes:
+                self._tables[slot] = table
+                self._bytes += table.nbytes
+                while self._bytes > self.max_bytes:
+                    _, old = self._tables.popitem(last=False)
+                    self._bytes -= old.nbytes
+        return table
+
+
+def _reader(artifacts: ArtifactStore, files: ArchiveFiles | None) -> Any:
+    return files.read if files is not None else lambda f: read_file(artifacts, f)
+
+
 def _loads(text: str | None) -> Any:
     return None if text is None else orjson.loads(text)
 
@@ -434,13 +471,14 @@ def archived_page(
     scenario: str,
     before: str | None = None,
     limit: int = 50,
+    files: ArchiveFiles | None = None,
 ) -> ArchivePage:
     """The `limit` newest archived records with ids below `before` (any when None), each id
     once and none still in the database, as `archived_records` reads them. Ids sort by
     creation time and each file's manifest entry gives its id range, so a page reads only the
     files that can hold its rows: newest range first, until no unread file can reach into the
     page. An id cursor, not an offset, so each record shows on exactly one page."""
-    files = sorted(
+    listed = sorted(
         (
             f
             for f in manifest(artifacts, scenario)
@@ -450,13 +488,11 @@ def archived_page(
         reverse=True,
     )
     found: dict[str, dict[str, Any]] = {}
-    read = 0
-    for f in files:
+    read, table_of = 0, _reader(artifacts, files)
+    for f in listed:
         if len(found) >= limit and f.last_id < sorted(found, reverse=True)[limit - 1]:
             break  # this file and every later one lie wholly below the page
-        rows = [
-            r for r in read_file(artifacts, f).to_pylist() if before is None or r["id"] < before
-        ]
+        rows = [r for r in table_of(f).to_pylist() if before is None or r["id"] < before]
         read += 1
         live = store.existing_record_ids(scenario, [r["id"] for r in rows])
         for row in rows:
@@ -464,17 +500,20 @@ def archived_page(
                 found.setdefault(row["id"], row)
     ids = sorted(found, reverse=True)
     page = [_record_of(found[i]) for i in ids[:limit]]
-    more = len(ids) > limit or read < len(files)
+    more = len(ids) > limit or read < len(listed)
     return ArchivePage(page, page[-1].id if page and more else None, read)
 
 
-def archived_record(artifacts: ArtifactStore, scenario: str, record_id: str) -> Record:
+def archived_record(
+    artifacts: ArtifactStore, scenario: str, record_id: str, files: ArchiveFiles | None = None
+) -> Record:
     """One archived record by id, read from the files whose id range holds it; NotFound when
     no file does."""
+    read = _reader(artifacts, files)
     for f in manifest(artifacts, scenario):
         if f.kind != "records" or not f.first_id <= record_id <= f.last_id:
             continue
-        table = read_file(artifacts, f)
+        table = read(f)
         rows = table.filter(pc.equal(table.column("id"), record_id)).to_pylist()
         if rows:
             return _record_of(rows[0])
@@ -482,12 +521,15 @@ def archived_record(artifacts: ArtifactStore, scenario: str, record_id: str) -> 
 
 
 def archived_reports_for(
-    artifacts: ArtifactStore, scenario: str, record_ids: Iterable[str]
+    artifacts: ArtifactStore,
+    scenario: str,
+    record_ids: Iterable[str],
+    files: ArchiveFiles | None = None,
 ) -> dict[str, list[Report]]:
     """The archived reports quoting each of `record_ids`, oldest first (reports are few next
     to records: every report file is read)."""
     out: dict[str, list[Report]] = {i: [] for i in record_ids}
-    for rep in archived_reports(artifacts, scenario):
+    for rep in archived_reports(artifacts, scenario, files):
         for rid in dict.fromkeys(rep.references):
             if rid in out:
                 out[rid].append(rep)
@@ -496,13 +538,16 @@ def archived_reports_for(
     return out
 
 
-def archived_reports(artifacts: ArtifactStore, scenario: str) -> Iterator[Report]:
+def archived_reports(
+    artifacts: ArtifactStore, scenario: str, files: ArchiveFiles | None = None
+) -> Iterator[Report]:
     """The archived reports of the scenario, each id once."""
     seen: set[str] = set()
+    read = _reader(artifacts, files)
     for f in manifest(artifacts, scenario):
         if f.kind != "reports":
             continue
-        for row in read_file(artifacts, f).to_pylist():
+        for row in read(f).to_pylist():
             if row["id"] in seen:
                 continue
             seen.add(row["id"])

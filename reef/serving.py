@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reef import anthropic
+from reef import anthropic, responses
 from reef.engines.base import Completion, Engine, ServesResponses
 from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
 from reef.harness import Harness, HarnessCache
 from reef.limits import Limits
 from reef.records import Record, Scenario, new_id, utcnow
-from reef.rollouts import ARM_TAG, ROLLOUT_TAG, Rollouts, served_release
+from reef.rollouts import Arm, Rollouts, served_release
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.shadow import Shadows
 from reef.store.chain import ChainStore
@@ -69,10 +69,21 @@ class Call:
     # The client named the session (x-reef-session-id, a continued response): a turn another
     # replica took first becomes the next turn of that session, not a fork.
     explicit_session: bool = False
+    # The rollout arm drawn for this call: the one its outcome counts for (never its tags,
+    # which a caller's headers could have named).
+    arm: Arm | None = None
 
     @property
     def release_id(self) -> str:
         return self.replay.release_id if self.replay else self.scenario.head_release_id
+
+
+def _state_hash(call: Call, response: dict[str, Any], answer: dict[str, Any]) -> str:
+    """The conversation state after the call; for a Responses body passed through (whose
+    conversation the upstream keeps), the upstream's response id as a state."""
+    if call.native and isinstance(response.get("id"), str):
+        return responses.answered_state(response["id"])
+    return record_state_hash(call.engine_body.get("messages") or [], answer)
 
 
 @dataclass(frozen=True)
@@ -225,6 +236,7 @@ class Serving:
         """
         record_id = new_id("rec")
         base_body = engine_body
+        arm = None
         if self.rollouts is not None:
             arm = await self.rollouts.arm(
                 scenario,
@@ -268,6 +280,7 @@ class Serving:
                     replay=stored,
                     native=native,
                     base_body=base_body,
+                    arm=arm,
                 )
         try:
             session = await self._session(
@@ -291,6 +304,7 @@ class Serving:
             native=native,
             base_body=base_body,
             explicit_session=session_id is not None,
+            arm=arm,
         )
 
     async def _with_harness(
@@ -491,7 +505,7 @@ class Serving:
             session_id=call.session_id,
             turn=call.turn,
             parent_id=call.parent_id,
-            state_hash=record_state_hash(call.engine_body.get("messages") or [], answer),
+            state_hash=_state_hash(call, response, answer),
             idempotency_key=call.idempotency_key,
         )
 
@@ -560,13 +574,13 @@ class Serving:
     def _observe(self, call: Call, error: BaseException | None, t0: float) -> None:
         """A rollout arm's call outcome for its guardrail: a server-side failure (an engine
         error, a 5xx) counts against the arm; a refused request (4xx) is the client's."""
-        arm = call.tags.get(ARM_TAG)
-        if self.rollouts is None or arm not in ("canary", "control"):
+        arm = call.arm
+        if self.rollouts is None or arm is None or arm.name not in ("canary", "control"):
             return
         if error is not None and getattr(error, "status", 500) < 500:
             return
         ms = (time.perf_counter() - t0) * 1000.0
-        self.rollouts.observe(call.tags[ROLLOUT_TAG], arm, error is None, ms)  # type: ignore[arg-type]
+        self.rollouts.observe(arm.rollout_id, arm.name, error is None, ms)
 
     async def open_stream(
         self, call: Call, render: Render = _identity

@@ -106,6 +106,14 @@ class ResponsesRequest(_Open):
     user: str | None = None
 
 
+# What only Reef writes, refused from clients: record tags under this prefix (the rollout arm,
+# the injected harness), report `metadata.source` values of Reef's own reports (a judgment's,
+# reef.judge.SOURCE), and report ids the judging worker takes (`judge_<record or report>`).
+RESERVED_TAG_PREFIX = "reef."
+RESERVED_SOURCES = frozenset({"judge"})
+RESERVED_REPORT_ID_PREFIXES = ("judge_",)
+
+
 class ReportIn(_Closed):
     """`POST /reef/report`: feedback on one or more receipts of the caller's scenario."""
 

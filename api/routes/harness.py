@@ -148,7 +148,7 @@ async def install_script(
     summary="Release a new harness on the scenario's chain, keeping its weights (admin)",
     responses={
         202: {
-            "description": "it adds executable content: held as a pending candidate for review "
+            "description": "it changes executable content: held as a pending candidate for review "
             "(POST /reef/scenarios/{scenario}/promote releases it)",
             "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/CandidateOut"}}

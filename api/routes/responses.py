@@ -43,8 +43,9 @@ from reef.wire import ResponsesRequest
 router = APIRouter(tags=["openai"])
 log = logging.getLogger("reef.api")
 
-# How many earlier responses a `previous_response_id` chain may reach back.
-MAX_CHAIN = 1000
+# How many earlier responses a `previous_response_id` chain may reach back: each is a record
+# read on every call that continues it, so the cost of a call stays bounded.
+MAX_CHAIN = 128
 
 
 def event(data: dict[str, Any]) -> bytes:
@@ -184,12 +185,30 @@ async def create_response(request: Request) -> Response:
     return event_stream(events(), call_receipt(call))
 
 
+async def _check_continued(svc: Services, scenario: str, previous: Any) -> None:
+    """404 unless a record of `scenario` answered with the upstream response `previous`."""
+    if previous is None:
+        return
+    found = None
+    if isinstance(previous, str) and previous:
+        state = responses.answered_state(previous)
+        found = await asyncio.to_thread(svc.store.find_session_parent, scenario, [state])
+    if found is None:
+        raise NotFound(
+            f"response '{previous}' not found",
+            code="response_not_found",
+            param="previous_response_id",
+        )
+
+
 async def _passed_through(
     request: Request, svc: Services, scenario: Scenario, body: dict[str, Any]
 ) -> Response:
     """The body to the upstream's own /v1/responses, unchanged; its answer (or its events, in
     its own sequence) back, recorded with a receipt like any call. The event that ends a
-    stream leaves once the record is durable."""
+    stream leaves once the record is durable. A `previous_response_id` must be one this
+    scenario's records answered with: the upstream keeps every scenario's responses."""
+    await _check_continued(svc, scenario.name, body.get("previous_response_id"))
     call = await start_call(request, svc, scenario, "responses", body, body, native=True)
     stream = bool(body.get("stream"))
     if call.replay is not None:

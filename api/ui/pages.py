@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from api.ui.signin import (
     Viewer,
     checked_form,
     read_form,
+    secure_cookie,
     sign_in,
     sign_out,
     viewer,
@@ -81,12 +83,30 @@ def page(fn: Page) -> Page:
 
 def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:
     ctx.setdefault("scenario", None)
-    ctx.update(
-        who=who,
-        flash=request.query_params.get("msg"),
-        flash_error=request.query_params.get("err"),
-    )
+    ctx.update(who=who, flash=_flash(request.query_params.get("msg"), request.query_params))
     return templates.TemplateResponse(request, name, ctx, headers=_NO_STORE)
+
+
+# The status line after an action: the redirect names one of these keys (and the id it acted
+# on), never text, so a link cannot make the dashboard say anything it did not write.
+MESSAGES = {
+    "promoted": ("{id} is the head", "promoted: the head moved"),
+    "rejected": ("{id} is rejected", "the candidate is rejected"),
+    "not_pending": ("{id} was not pending: left as it was", "the candidate was not pending"),
+    "rolled_back": ("rolled back: {id} is the head", "rolled back"),
+    "evolve_requested": ("evolve requested", "evolve requested"),
+}
+_MESSAGE_ID = re.compile(r"[a-z]{2,8}_[0-9a-z]{26}")
+
+
+def _flash(key: str | None, params: Any) -> str | None:
+    """The status line's text for message `key` (None for no key or an unknown one); the id
+    is shown only when it has the shape of Reef's ids."""
+    if key not in MESSAGES:
+        return None
+    with_id, plain = MESSAGES[key]
+    rid = params.get("id") or ""
+    return with_id.format(id=rid) if _MESSAGE_ID.fullmatch(rid) else plain
 
 
 # Pages show what a token may see: never cached by the browser or a proxy.
@@ -142,7 +162,7 @@ async def login(request: Request) -> Response:
         path="/ui",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure_cookie(services(request).settings, request.url.scheme),
     )
     return resp
 
@@ -263,7 +283,7 @@ async def records(request: Request, scenario: str) -> Response:
         seqs={r.id: f"#{r.seq} {r.operation}" for r in chain},
         next_url=next_url,
         window_end=got.window_end,
-        window=svc.browse.window,
+        window=min(svc.browse.window, svc.browse.text_window) if flt.text else svc.browse.window,
         first_url="?" + urlencode(keep) if q.get("before") else None,
         archived=archived,
         retention_days=svc.settings.store.retention_days,
@@ -294,7 +314,9 @@ async def archive(request: Request, scenario: str) -> Response:
     svc, who, name = await _scoped(request, scenario)
     await _call(svc.store.get_scenario, name)  # 404 for an unknown scenario
     before = request.query_params.get("before") or None
-    got = await _call(archived_page, svc.store, svc.artifacts, name, before, PAGE_SIZE)
+    got = await _call(
+        archived_page, svc.store, svc.artifacts, name, before, PAGE_SIZE, svc.archive_files
+    )
     reports = await _call(_archive_reports, svc, name, [r.id for r in got.records])
     feedback = {
         rid: Feedback(len(reps), _mean([p.score for p in reps if p.score is not None]))
@@ -327,7 +349,7 @@ async def archive_record(request: Request, scenario: str, record_id: str) -> Res
     svc, who, name = await _scoped(request, scenario)
     if await _call(svc.store.existing_record_ids, name, [record_id]):
         return RedirectResponse(f"/ui/s/{quote(name)}/records/{quote(record_id)}", status_code=303)
-    r = await _call(archived_record, svc.artifacts, name, record_id)
+    r = await _call(archived_record, svc.artifacts, name, record_id, svc.archive_files)
     reports = await _call(_archive_reports, svc, name, [r.id])
     return await _transcript(request, svc, who, name, None, [r], reports, archived=True)
 
@@ -338,7 +360,7 @@ def _archive_reports(svc: Services, name: str, ids: list[str]) -> dict[str, list
     from reef.retention import archived_reports_for
 
     live = svc.browse.reports_for(name, ids)
-    old = archived_reports_for(svc.artifacts, name, ids) if ids else {}
+    old = archived_reports_for(svc.artifacts, name, ids, svc.archive_files) if ids else {}
     out: dict[str, list[Report]] = {}
     for rid in ids:
         seen = {p.id for p in live.get(rid, [])}
@@ -543,7 +565,7 @@ async def promote(request: Request, scenario: str) -> Response:
     svc, who, name, form = await _admin_form(request, scenario, "promote")
     rid = _release_id(form)
     release = await _call(svc.chain.promote, name, rid, by=who.principal.name)
-    return _back(name, "releases", f"{release.id} is the head (seq {release.seq})")
+    return _back(name, "releases", "promoted", release.id)
 
 
 @router.post("/s/{scenario}/reject")
@@ -554,7 +576,8 @@ async def reject(request: Request, scenario: str) -> Response:
     cand = await _call(svc.store.get_candidate, name, rid)
     note = form.get("note") or f"rejected by {who.principal.name} in the dashboard"
     done = await _call(svc.chain.reject, cand, note)
-    return _back(name, "candidates", f"{done.id} is {done.status}")
+    key = "rejected" if done.status == "rejected" else "not_pending"
+    return _back(name, "candidates", key, done.id)
 
 
 @router.post("/s/{scenario}/rollback")
@@ -562,7 +585,7 @@ async def reject(request: Request, scenario: str) -> Response:
 async def rollback(request: Request, scenario: str) -> Response:
     svc, _, name, form = await _admin_form(request, scenario, "rollback")
     release = await _call(svc.chain.rollback, name, _release_id(form))
-    return _back(name, "releases", f"rolled back: {release.id} (seq {release.seq}) is the head")
+    return _back(name, "releases", "rolled_back", release.id)
 
 
 @router.post("/s/{scenario}/evolve")
@@ -575,7 +598,7 @@ async def evolve(request: Request, scenario: str) -> Response:
             "no evolve worker runs on this server: start reef serve with reef.auto on",
             code="no_worker",
         )
-    return _back(name, "jobs", f"evolve requested for '{name}'")
+    return _back(name, "jobs", "evolve_requested")
 
 
 def _release_id(form: dict[str, str]) -> str:
@@ -585,10 +608,10 @@ def _release_id(form: dict[str, str]) -> str:
     return rid
 
 
-def _back(name: str, tab: str, message: str) -> Response:
-    return RedirectResponse(
-        f"/ui/s/{quote(name)}/{tab}?{urlencode({'msg': message})}", status_code=303
-    )
+def _back(name: str, tab: str, message: str, rid: str | None = None) -> Response:
+    """Back to a tab, its status line saying MESSAGES[message] (about `rid`)."""
+    query = {"msg": message, **({"id": rid} if rid else {})}
+    return RedirectResponse(f"/ui/s/{quote(name)}/{tab}?{urlencode(query)}", status_code=303)
 
 
 # learning curves -----------------------------------------------------------------------

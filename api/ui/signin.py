@@ -30,6 +30,7 @@ from reef.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from reef.settings import Settings
 
 COOKIE = "reef_ui"
 TTL_S = 12 * 3600
@@ -94,6 +95,16 @@ async def checked_form(request: Request, who: Viewer) -> dict[str, str]:
             code="csrf_token",
         )
     return form
+
+
+def secure_cookie(settings: Settings, scheme: str) -> bool:
+    """Whether the session cookie is Secure: auth.secure_cookie when set; else on for a
+    server bound off loopback with tokens (reached through a TLS proxy that may speak plain
+    http to it), or a request that came over https."""
+    if settings.auth.secure_cookie is not None:
+        return settings.auth.secure_cookie
+    exposed = bool(settings.auth.tokens) and not settings.server.is_loopback
+    return exposed or scheme == "https"
 
 
 def sign_in(request: Request, token: str) -> str:

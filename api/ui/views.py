@@ -83,7 +83,9 @@ def prompt_preview(record: Record) -> str:
 
 @dataclass(frozen=True)
 class Cell:
-    """One token of a heat strip: its text (or id) and log-prob, and a colour from it."""
+    """One token of a heat strip: its text (or id) and log-prob, and its colour's class
+    (`heat-0` red, unsure .. `heat-12` green, sure: reef.css; classes rather than a style
+    attribute, which the dashboard's Content-Security-Policy refuses)."""
 
     label: str
     logprob: float
@@ -105,8 +107,7 @@ def heat_strip(record: Record) -> list[Cell]:
     for i, lp in enumerate(record.logprobs):
         label = labels[i] if i < len(labels) else f"#{ids[i]}" if i < len(ids) else "?"
         p = math.exp(max(lp, -30.0))
-        hue = int(120 * p)  # 0 red .. 120 green
-        cells.append(Cell(label, lp, f"hsl({hue} 70% 80%)"))
+        cells.append(Cell(label, lp, f"heat-{round(12 * p)}"))
     return cells
 
 

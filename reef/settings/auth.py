@@ -53,3 +53,9 @@ class TokenSettings(Section):
 
 class AuthSettings(Section):
     tokens: tuple[TokenSettings, ...] = ()
+    secure_cookie: bool | None = Field(
+        None,
+        description="the dashboard's session cookie is Secure (browsers send it over https "
+        "only); null: on when tokens are configured and server.host is not loopback (a TLS "
+        "proxy in front), else only for requests that came over https",
+    )

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from reef.settings.section import Section, server_root
+from reef.settings.server import host_name
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,12 @@ class FleetSettings(Section):
         description="registry: the admin URL other processes reach this server at; default: "
         "http://<server.host>:<server.port>",
     )
+    registry_allow: tuple[str, ...] = Field(
+        (),
+        description="registry: host names of registered engines that deploys reach (and send "
+        "reef.engine_token to), '*.example.com' for subdomains, '*' for any; off loopback only "
+        "https URLs; loopback engines are always reached",
+    )
     heartbeat_s: float = Field(10.0, gt=0, description="registry: how often it says it is alive")
     registry_ttl_s: float = Field(
         30.0,
@@ -196,6 +203,11 @@ class FleetSettings(Section):
     @classmethod
     def _admin_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(server_root(url) for url in v))
+
+    @field_validator("registry_allow")
+    @classmethod
+    def _registry_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(host_name(h) for h in v)
 
     @field_validator("advertise_url")
     @classmethod
@@ -249,7 +261,14 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     },
     **{
         key: ("fleet", key)
-        for key in ("admin_urls", "registry", "advertise_url", "heartbeat_s", "registry_ttl_s")
+        for key in (
+            "admin_urls",
+            "registry",
+            "registry_allow",
+            "advertise_url",
+            "heartbeat_s",
+            "registry_ttl_s",
+        )
     },
 }
 

@@ -26,6 +26,11 @@ from reef.store.base import Store
 from reef.store.rows import id_at as id_at  # re-exported: callers import it from here
 from reef.store.rows import job_of, record_of, report_of
 
+# Text search compares this much of each request's and answer's JSON text, over at most
+# `Browse.text_window` records a page: any scoped token can repeat a search, so its cost is
+# bounded by these, not by the bodies' size (up to server.max_body_bytes each).
+TEXT_SCAN_CHARS = 8192
+
 _IN_CHUNK = 500
 
 
@@ -103,12 +108,13 @@ class Traffic:
 class Browse:
     """The dashboard's queries over a SQL store (SQLite or Postgres)."""
 
-    def __init__(self, store: Store, window: int = 20_000):
+    def __init__(self, store: Store, window: int = 20_000, text_window: int = 2_000):
         engine = getattr(store, "engine", None)
         if engine is None:
             raise BadRequest("the dashboard needs a SQL store")
         self.engine = engine
         self.window = window
+        self.text_window = text_window
         self._sqlite = engine.dialect.name == "sqlite"
 
     # records --------------------------------------------------------------------
@@ -127,12 +133,9 @@ class Browse:
         with self.engine.connect() as conn:
             floor = None
             if flt.scans:
+                window = min(self.window, self.text_window) if flt.text else self.window
                 floor = conn.execute(
-                    select(r.c.id)
-                    .where(*conds)
-                    .order_by(r.c.id.desc())
-                    .offset(self.window - 1)
-                    .limit(1)
+                    select(r.c.id).where(*conds).order_by(r.c.id.desc()).offset(window - 1).limit(1)
                 ).scalar()
                 if floor is not None:
                     conds.append(r.c.id >= floor)
@@ -172,7 +175,10 @@ class Browse:
         if flt.text:
             escaped = flt.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             pattern = f"%{escaped}%"
-            request, response = cast(r.c.request, Text), cast(r.c.response, Text)
+            request, response = (
+                func.substr(cast(column, Text), 1, TEXT_SCAN_CHARS)
+                for column in (r.c.request, r.c.response)
+            )
             if self._sqlite:  # SQLite's LIKE ignores ASCII case: no lower() copies
                 out.append(request.like(pattern, escape="\\") | response.like(pattern, escape="\\"))
             else:

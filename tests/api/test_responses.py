@@ -230,3 +230,23 @@ def test_tools_in_chat_form() -> None:
     assert [t["function"]["name"] for t in chat["tools"]] == ["f", "spawn"]
     only_hosted = responses.to_chat({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
     assert "tools" not in only_hosted and "tool_choice" not in only_hosted
+
+
+def test_a_conversation_chain_is_read_back_a_bounded_number_of_hops(
+    server: InProcessReef, scenario: str
+) -> None:
+    """Each `previous_response_id` hop is a record read: a chain longer than MAX_CHAIN is
+    refused (send the input instead) rather than read back on every call."""
+    from api.routes.responses import MAX_CHAIN
+
+    assert MAX_CHAIN <= 128
+    api = client(server, scenario)
+    previous = None
+    for _ in range(MAX_CHAIN + 1):  # the last one continues a chain of MAX_CHAIN
+        previous = api.responses.create(
+            model="tiny", input="x", max_output_tokens=1, previous_response_id=previous
+        ).id
+    with pytest.raises(openai.BadRequestError) as e:
+        api.responses.create(model="tiny", input="x", previous_response_id=previous)
+    assert e.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert f"longer than {MAX_CHAIN} responses" in e.value.message

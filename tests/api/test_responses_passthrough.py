@@ -95,3 +95,26 @@ def test_the_upstreams_refusal_keeps_its_status(
     with pytest.raises(openai.NotFoundError):  # a model the upstream does not list: Reef's 404
         api.responses.create(model="nope", input="x")
     assert records_of(reef, scenario) == []
+
+
+def test_another_scenarios_response_cannot_be_continued(
+    front: tuple[InProcessReef, ResponsesUpstream], scenario: str
+) -> None:
+    """The upstream keeps every scenario's responses under one key: Reef continues a
+    `previous_response_id` only when one of the caller's scenario's records answered with it
+    (a streamed answer too)."""
+    reef, upstream = front
+    theirs = _client(reef, f"{scenario}-other").responses.create(model=MODEL, input="secret")
+    api = _client(reef, scenario)
+    sent = len(upstream.bodies)
+    for foreign in (theirs.id, "resp_never_seen"):
+        with pytest.raises(openai.NotFoundError) as e:
+            api.responses.create(model=MODEL, previous_response_id=foreign, input="tell me")
+        assert e.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert len(upstream.bodies) == sent  # the upstream was never asked
+    with api.responses.with_streaming_response.create(
+        model=MODEL, input="mine", stream=True
+    ) as raw:
+        mine = next(e for e in raw.parse() if e.type == "response.completed").response
+    again = api.responses.create(model=MODEL, previous_response_id=mine.id, input="and?")
+    assert again.output_text == "echo: and? (turns before: 1)"

@@ -286,3 +286,106 @@ def test_curves_show_demo_figures_and_release_metrics(secured: InProcessReef) ->
         assert "figures/figs/broken.json" in html  # reported, the page still renders
     with _signed_in(secured, ALICE) as client:  # another scenario's figures stay hidden
         assert client.get("/ui/s/figs/curves").status_code == 403
+
+
+UI_HEADERS = {
+    "x-frame-options": "DENY",
+    "content-security-policy": "default-src 'self'; script-src 'self'; object-src 'none'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+}
+
+
+def _framing_headers(r: httpx.Response) -> None:
+    for name, value in UI_HEADERS.items():
+        assert r.headers.get(name) == value, (r.request.url, r.status_code, name)
+
+
+def test_every_ui_answer_forbids_framing(secured: InProcessReef, server: InProcessReef) -> None:
+    """No page of the dashboard can be framed by another site (its buttons clicked through a
+    transparent frame), in either mode: pages, redirects, errors, assets, refusals."""
+    with _signed_in(secured, ADMIN) as client:
+        for path in ("/ui", "/ui/s/bob/records", "/ui/s/bob/releases", "/ui/s/nope!/records"):
+            _framing_headers(client.get(path))
+        _framing_headers(client.get("/ui/static/reef.js"))
+        _framing_headers(client.get("/ui/static/missing.js"))  # 404
+        _framing_headers(client.post("/ui/s/bob/evolve", data={"csrf": "forged"}))  # 403
+    _framing_headers(httpx.get(f"{secured.url}/ui/s/bob/records"))  # 303 to sign in
+    _framing_headers(httpx.get(f"{secured.url}/ui/login"))
+    _framing_headers(httpx.post(f"{secured.url}/ui/login", data={"token": "wrong"}))  # 401
+    _framing_headers(httpx.get(f"{server.url}/ui"))  # no-token mode
+    _framing_headers(httpx.get(f"{server.url}/ui", headers={"host": "attacker.example"}))  # 421
+    # the API is not a page: its answers stay as they were
+    assert "x-frame-options" not in httpx.get(f"{server.url}/healthz").headers
+
+
+def test_templates_need_no_inline_code() -> None:
+    """The policy allows scripts and styles from files only: no template may hold an inline
+    script, an event handler attribute, a style attribute or element, or a javascript: URL."""
+    templates = Path(__file__).parents[2] / "api" / "ui" / "templates"
+    inline_script = re.compile(r"<script(?![^>]*\b(?:src=|type=\"application/json\"))[^>]*>")
+    forbidden = [
+        inline_script,
+        re.compile(r"\son[a-z]+\s*=", re.IGNORECASE),
+        re.compile(r"\sstyle\s*=", re.IGNORECASE),
+        re.compile(r"<style", re.IGNORECASE),
+        re.compile(r"javascript:", re.IGNORECASE),
+    ]
+    found = [
+        (f.name, pattern.pattern)
+        for f in sorted(templates.glob("*.html"))
+        for pattern in forbidden
+        if pattern.search(f.read_text())
+    ]
+    assert found == []
+
+
+def test_status_line_says_only_what_the_server_wrote(server: InProcessReef, scenario: str) -> None:
+    """The status line after an action comes from a message key and a checked id: a link
+    cannot make the dashboard say anything else."""
+    traffic(server, scenario, 1, max_tokens=2)
+    page = f"{server.url}/ui/s/{scenario}/records"
+    for forged in (
+        {"msg": "Session expired: sign in again at https://evil.example"},
+        {"err": "Your token leaked: paste it at https://evil.example"},
+        {"msg": "promoted", "id": "see https://evil.example"},
+    ):
+        text = httpx.get(page, params=forged).text
+        assert "evil.example" not in text, forged
+        assert 'role="alert"' not in text
+    rid = "rel_" + "0" * 26
+    shown = httpx.get(page, params={"msg": "promoted", "id": rid}).text
+    assert f'role="status">{rid} is the head</p>' in shown
+    shown = httpx.get(page, params={"msg": "promoted", "id": "see https://evil.example"}).text
+    assert 'role="status">promoted: the head moved</p>' in shown  # the key's text, no id
+
+
+def test_session_cookie_is_secure_off_loopback(tmp_path: Path, secured: InProcessReef) -> None:
+    """Bound off loopback with tokens, sign-in travels over TLS (a proxy in front): the cookie
+    is Secure even when the proxy speaks plain http to Reef. auth.secure_cookie decides
+    explicitly."""
+    from api.ui.signin import secure_cookie
+    from reef.settings import load_settings
+
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        f"auth:\n  tokens:\n    - {{name: ops, sha256: {hash_token(ADMIN)}, admin: true}}\n"
+        "server:\n  host: 0.0.0.0\n"
+    )
+    with InProcessReef(tmp_path / "state", config=config) as srv:
+        r = httpx.post(f"{srv.url}/ui/login", data={"token": ADMIN})
+        assert r.status_code == 303 and "; secure" in r.headers["set-cookie"].lower()
+    on_loopback = httpx.post(f"{secured.url}/ui/login", data={"token": ADMIN})
+    assert "; secure" not in on_loopback.headers["set-cookie"].lower()
+    tokens = {"tokens": [{"name": "ops", "sha256": hash_token(ADMIN), "admin": True}]}
+    wide = {"host": "0.0.0.0"}
+    cases = [
+        ({"auth": tokens, "server": wide}, "http", True),
+        ({"auth": {**tokens, "secure_cookie": False}, "server": wide}, "http", False),
+        ({"auth": {**tokens, "secure_cookie": True}}, "http", True),
+        ({"auth": tokens}, "http", False),
+        ({"auth": tokens}, "https", True),
+    ]
+    for overrides, scheme, want in cases:
+        assert secure_cookie(load_settings(None, **overrides), scheme) is want, overrides

@@ -98,3 +98,32 @@ def test_deleting_a_scenario_drops_its_references(
     x = tables.report_references
     with store.engine.connect() as conn:
         assert conn.execute(x.select().where(x.c.scenario == "gone")).all() == []
+
+
+def test_text_search_scans_a_bounded_number_of_bytes(
+    store: SQLStore, make_record: Callable[..., Record]
+) -> None:
+    """Text search compares the first TEXT_SCAN_CHARS of each request and answer, over at most
+    `text_window` records a page: any token can repeat it, so its cost must not grow with
+    the bodies' size or the scenario's."""
+    from reef.store.browse import TEXT_SCAN_CHARS
+
+    base = store.ensure_scenario("big").head_release_id
+    filler = "x" * TEXT_SCAN_CHARS
+    recs = [
+        make_record("big", base, request={"messages": [{"role": "user", "content": text}]})
+        for text in ("early needle " + filler, filler + " late needle", "plain", "plain")
+    ]
+    recs.sort(key=lambda r: r.id)
+    store.add_records(recs)
+    found = Browse(store).records("big", RecordFilter(text="needle"), limit=100)
+    early = [r.id for r in recs if r.request["messages"][0]["content"].startswith("early")]
+    assert [r.id for r in found.records] == early  # the late one lies past the scanned part
+    page = Browse(store, window=100, text_window=2).records(
+        "big", RecordFilter(text="needle"), limit=100
+    )
+    assert page.window_end and page.next_before == recs[2].id  # two records looked at
+    other = Browse(store, window=100, text_window=2).records(
+        "big", RecordFilter(feedback=False), limit=100
+    )
+    assert len(other.records) == 4  # other filters keep the full window
