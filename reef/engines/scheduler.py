@@ -114,8 +114,6 @@ class Scheduler:
         self.model_id = model_id
         self.max_batch_size = max_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.fuse_prefill = fuse_prefill
-        self.itl_max_wait_s = itl_max_wait_s
         self.stats = stats  # written by the scheduler thread only
         self._policy = Policy(prefill_chunk_tokens, fuse_prefill, itl_max_wait_s)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
