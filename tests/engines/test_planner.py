@@ -12,8 +12,16 @@ CHUNK = Policy(chunk_tokens=16)
 FUSED = Policy(chunk_tokens=16, fuse=True)
 
 
-def long(key: str = "long", rows: int = 1, group: str = "base", **extra: object) -> Unit:
-    return Unit(key, group, rows, width=600, **extra)  # type: ignore[arg-type]
+def long(
+    key: str = "long",
+    rows: int = 1,
+    *,
+    read: int = 0,
+    cancelled: bool = False,
+    waiting_since: float | None = None,
+) -> Unit:
+    """A prompt of 600 columns (per row) in the base model's group."""
+    return Unit(key, "base", rows, 600, read, cancelled=cancelled, waiting_since=waiting_since)
 
 
 def short(key: str = "short", width: int = 10, group: str = "base") -> Unit:
@@ -136,3 +144,13 @@ def test_cancelled_units_are_dropped_and_a_replan_goes_on_from_its_progress() ->
     )
     assert [(r.columns, r.fused) for r in rest.reads] == [(5, False)]
     assert rest.decodes == ()
+
+
+def test_when_the_prompt_read_whole_left_no_rows_the_next_is_read_whole_too() -> None:
+    """Planned again after the rows of a prompt read whole all finished on their first token:
+    nothing decodes, so there is no budget yet; once this one joins, the next gets a chunk."""
+    rest = plan([], [long("a"), long("b")], FUSED, progress=Progress(None, True))
+    assert [(r.unit, r.columns, r.fused) for r in rest.reads] == [
+        ("a", 600, False),
+        ("b", 16, True),
+    ]
