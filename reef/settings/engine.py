@@ -264,7 +264,6 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
         for key in (
             "admin_urls",
             "registry",
-            "registry_allow",
             "advertise_url",
             "heartbeat_s",
             "registry_ttl_s",
