@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from demo.server import Server  # noqa: E402
-from tests.traffic import report_all, traffic  # noqa: E402
+from reef.testing.traffic import report_all, traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCENARIO = "bench-evolve"

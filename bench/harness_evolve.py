@@ -35,8 +35,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from demo.server import REEF, Server  # noqa: E402
-from tests.traffic import traffic  # noqa: E402
+from demo.server import Server  # noqa: E402
+from reef.testing.process import REEF  # noqa: E402
+from reef.testing.traffic import traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 S = "bench-harness"

@@ -33,7 +33,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.store_commit import with_postgres
-from tests.scale.fleet import Fleet, LoadGenerator, fleet_config
+from reef.testing.fleet import Fleet, LoadGenerator, fleet_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 S = "bench"

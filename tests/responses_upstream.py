@@ -17,7 +17,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tests.reefserver import wait_ready
+from reef.testing.process import wait_ready
 
 MODEL = "upstream-responses"
 

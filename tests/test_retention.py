@@ -316,9 +316,9 @@ def test_reef_gc_archives_and_reef_export_reads_it_back(
 def test_the_records_page_counts_what_retention_archived(tmp_path: Path) -> None:
     import httpx
 
+    from cli.testing import InProcessReef
     from reef.artifacts import open_artifacts
-    from tests.reefserver import InProcessReef
-    from tests.traffic import traffic
+    from reef.testing.traffic import traffic
 
     with InProcessReef(tmp_path / "state", store={"retention_days": 30}) as srv:
         traffic(srv, "kept", 3, max_tokens=2)

@@ -26,7 +26,7 @@ import pytest
 
 from api.routes.harness import AGENTS
 from reef.models import resolve_model
-from tests.reefserver import ReefServer
+from reef.testing.process import ReefServer
 
 # Minutes per agent on a busy 2-core machine (Claude Code's ~29k-token prompt, four calls a run).
 pytestmark = [pytest.mark.agents, pytest.mark.timeout(1800)]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reefserver import InProcessReef, ReefServer
+from cli.testing import InProcessReef
+from reef.testing.process import ReefServer
 
 
 @pytest.fixture(scope="session")

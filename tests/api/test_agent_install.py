@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from api.routes.harness import AGENTS
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 RULES = "Reef rule: answer in French."
 FILES = {

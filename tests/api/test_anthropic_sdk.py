@@ -6,8 +6,8 @@ import anthropic
 import httpx
 import pytest
 
+from cli.testing import InProcessReef
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 
 
 def client(server: InProcessReef, scenario: str) -> anthropic.Anthropic:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from api.auth import hash_token
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 ADMIN, ALICE = "admin-secret-token", "alice-secret-token"
 

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from reef.settings import load_settings
-from tests.reefserver import InProcessReef
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.reefserver import InProcessReef, ReefServer
+from cli.testing import InProcessReef
+from reef.testing.process import ReefServer
 
 Doomed = dict[str, tuple[ReefServer, dict[str, str]]]
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cli.testing import InProcessReef
 from reef.artifacts import artifacts_for
 from reef.models import resolve_model
 from tests.engines.test_embedded_releases import lora
-from tests.reefserver import InProcessReef
 
 
 @pytest.fixture(scope="module")

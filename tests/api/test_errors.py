@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
+from cli.testing import InProcessReef
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 
 GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

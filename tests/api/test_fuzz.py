@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 FUZZ = settings(
     max_examples=60,

@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cli.testing import InProcessReef
 from deploy.engine import EngineAdmin
 from deploy.release import deploy
 from reef.artifacts import artifacts_for
@@ -22,7 +23,6 @@ from reef.models import resolve_model
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
 from tests.engines.test_embedded_releases import lora
-from tests.reefserver import InProcessReef
 
 RULES = "Answer in French. Keep it short."
 SKILL = "---\nname: greet\ndescription: Greets the user politely.\n---\nSay bonjour first.\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 
 def test_healthz_and_readyz(server: InProcessReef) -> None:

@@ -9,8 +9,8 @@ import anthropic
 import httpx
 import openai
 
+from cli.testing import InProcessReef
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 

@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.testing import InProcessReef
 from tests.api.conftest import records_of
-from tests.reefserver import EchoUpstream, InProcessReef
+from tests.reefserver import EchoUpstream
 
 CAP = 512  # server.max_tokens_cap of the servers below
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 TOKEN = "metrics-" + uuid.uuid4().hex
 

@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.testing import InProcessReef
 from reef.models import resolve_model
-from tests.reefserver import InProcessReef, ReefServer
+from reef.testing.process import ReefServer
 
 S = "pi-agent"
 RULES_1 = "Reef rule one: always answer in French."

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from api.auth import hash_token
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 ADMIN, RPM, SCOPED, BUDGET, FREE, ANTH = (
     f"{n}-quota-token" for n in ("ops", "rpm", "sc", "bg", "fr", "an")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 
 def _receipts(server: InProcessReef, scenario: str, n: int) -> list[str]:

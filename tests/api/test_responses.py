@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from reef import responses
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 
 TOOLS = [
     {

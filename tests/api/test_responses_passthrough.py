@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 from tests.responses_upstream import MODEL, ResponsesUpstream
 
 

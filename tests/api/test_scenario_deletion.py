@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from api.auth import hash_token, new_token
 from cli.main import main as reef_cli
+from cli.testing import InProcessReef
 from deploy.engine import EngineAdmin
 from deploy.release import deploy
 from reef.artifacts import artifacts_for, tree_hash
@@ -24,7 +25,6 @@ from reef.settings import load_settings
 from reef.store.sql import open_store
 from tests.engines.test_embedded_releases import lora
 from tests.footprint import PREFIXES, footprint, mlflow_state
-from tests.reefserver import InProcessReef
 
 ADMIN, ALICE = new_token(), new_token()
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

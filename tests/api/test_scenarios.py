@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from cli.testing import InProcessReef
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 
 
 def test_create_get_list_delete(server: InProcessReef, scenario: str) -> None:

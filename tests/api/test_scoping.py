@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from api.auth import hash_token
+from cli.testing import InProcessReef
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
-from tests.reefserver import InProcessReef
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -16,8 +16,8 @@ import anthropic
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 from tests.toolmodel import ANSWER, ASK, CALL, FUNCTION, RESULT, TOOLS, taught_model
 
 MODEL = "tiny-tools"

@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from api.auth import hash_token
+from cli.testing import InProcessReef
 from reef.artifacts import open_artifacts
 from reef.figures import Figure, Point, save_figure
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from reef.testing.traffic import traffic
 
 ADMIN, ALICE = "ui-admin-token", "ui-alice-token"
 

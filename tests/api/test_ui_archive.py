@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 
+from cli.testing import InProcessReef
 from reef.artifacts import open_artifacts
 from reef.records import Consumption, utcnow
 from reef.retention import apply_retention, archived_counts, archived_record
 from reef.store.sql import open_store
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from reef.testing.traffic import traffic
 
 S = "archived"
 N = 57  # more than a page (50), in files of 20 rows (store.retention_batch)

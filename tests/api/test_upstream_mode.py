@@ -16,8 +16,10 @@ import httpx
 import openai
 import pytest
 
+from cli.testing import InProcessReef
+from reef.testing.process import ReefServer
 from tests.api.conftest import records_of
-from tests.reefserver import EchoUpstream, InProcessReef, ReefServer
+from tests.reefserver import EchoUpstream
 
 
 @pytest.fixture(scope="module")

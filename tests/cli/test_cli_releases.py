@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
+from cli.testing import InProcessReef
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
-from tests.reefserver import InProcessReef
 
 
 def test_releases_and_rollback_from_the_command_line(

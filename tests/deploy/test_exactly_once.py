@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cli.testing import InProcessReef
 from deploy.candidates import promoted
 from deploy.chain import ReleaseChain
 from deploy.release import deploy
@@ -26,7 +27,6 @@ from reef.records import Candidate
 from reef.store.sql import SQLStore
 from reef.variants import Variants
 from tests.engines.test_embedded_releases import lora
-from tests.reefserver import InProcessReef
 
 
 class Killed(BaseException):

@@ -24,6 +24,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cli.testing import InProcessReef
 from deploy.engine import DeployError, EngineAdmin, Fleet, engines_for
 from deploy.release import deploy
 from reef.errors import ConfigError
@@ -32,7 +33,7 @@ from reef.records import Candidate, Release, new_id, utcnow
 from reef.settings import load_settings
 from reef.store.sql import open_store
 from tests.engines.test_embedded_releases import lora
-from tests.reefserver import InProcessReef, wait_for
+from tests.reefserver import wait_for
 
 S = "fleet"
 TINY = resolve_model("tiny", Path.home() / ".cache" / "reef" / "models")

@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.testing import InProcessReef
 from deploy.engine import EngineAdmin
 from deploy.release import deploy
 from reef import registry
 from reef.errors import HeadMoved
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
-from tests.reefserver import InProcessReef
 
 S = "race"
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from cli.main import main
+from cli.testing import InProcessReef
 from deploy import rollout
 from deploy.chain import ReleaseChain
 from reef.errors import BadRequest, Conflict, HeadMoved
@@ -23,7 +24,6 @@ from reef.records import Candidate
 from reef.rollouts import ARM_TAG, arm_for, sticky_key
 from reef.sequential import Health
 from reef.settings import load_settings
-from tests.reefserver import InProcessReef
 
 ROLLOUT = {
     "mode": "canary",

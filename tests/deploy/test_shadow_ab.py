@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from cli.main import main
+from cli.testing import InProcessReef
 from deploy import rollout
 from deploy.chain import ReleaseChain
 from reef.gate import Decision
@@ -30,7 +31,6 @@ from reef.settings import RolloutSettings, load_settings
 from reef.shadow import Shadows
 from reef.store.sql import open_store
 from tests.deploy.test_rollouts import call_in_session, chain_of, wait_for_end
-from tests.reefserver import InProcessReef
 
 ACCEPTED = Decision(status="accepted", policy="always", test="bootstrap", reason="test", n=0)
 HERE = "tests.deploy.test_shadow_ab"

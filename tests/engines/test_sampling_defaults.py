@@ -18,12 +18,12 @@ import httpx
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from reef.engines.base import Completion
 from reef.engines.defaults import generation_defaults, sampling_tags
 from reef.models import SMOLLM2_SAMPLING, _add_sampling_defaults
 from reef.settings import EngineSettings
 from tests.engines.conftest import running_engine
-from tests.reefserver import InProcessReef
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

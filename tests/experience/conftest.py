@@ -17,7 +17,7 @@ import pytest
 
 from reef.records import Record, Release, Report, new_id, utcnow
 from reef.store.sql import SQLStore
-from tests.reefserver import free_port
+from reef.testing.process import free_port
 
 MOTO = str(Path(sys.executable).with_name("moto_server"))
 _seq = itertools.count()

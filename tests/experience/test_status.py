@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 
 @pytest.fixture(scope="module")

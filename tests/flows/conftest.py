@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from reef.testing.process import free_port, wait_ready
+
 # the real S3 server (moto_server) and a fresh bucket, shared with the experience tests
 from tests.experience.conftest import s3_bucket, s3_endpoint
-from tests.reefserver import free_port, wait_ready
 
 __all__ = ["s3_bucket", "s3_endpoint"]
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from cli.main import main
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from cli.testing import InProcessReef
+from reef.testing.traffic import traffic
 
 
 def test_reef_evolve_by_hand(

@@ -12,8 +12,9 @@ import openai
 import pytest
 import yaml
 
-from tests.reefserver import ReefServer, wait_for
-from tests.traffic import report_all, traffic
+from reef.testing.process import ReefServer
+from reef.testing.traffic import report_all, traffic
+from tests.reefserver import wait_for
 
 S = "e2e"
 

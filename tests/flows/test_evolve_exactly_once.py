@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from cli.testing import InProcessReef
 from reef.errors import EngineUnavailable
 from reef.store.sql import open_store
+from reef.testing.traffic import traffic
 from reef.variants import Variants
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
 
 S = "exactly-once"
 

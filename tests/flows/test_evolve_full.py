@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from cli.testing import InProcessReef
+from reef.testing.traffic import traffic
 
 
 def test_a_full_checkpoint_release_serves_and_rolls_back(

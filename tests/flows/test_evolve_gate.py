@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.reefserver import InProcessReef
-from tests.traffic import Report, traffic
+from cli.testing import InProcessReef
+from reef.testing.traffic import Report, traffic
 
 
 @pytest.fixture(scope="module")

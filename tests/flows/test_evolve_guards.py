@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from cli.testing import InProcessReef
+from reef.testing.traffic import traffic
 
 
 def never_yes(completions: list[Any], **_: Any) -> list[float]:

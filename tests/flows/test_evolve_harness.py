@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from deploy.engine import EngineAdmin
 from recipes.harness.episodes import (
     EpisodeError,
@@ -21,8 +22,8 @@ from recipes.harness.episodes import (
     paired_evaluation,
 )
 from reef.harness import Harness
-from tests.reefserver import InProcessReef, free_port
-from tests.traffic import traffic
+from reef.testing.process import free_port
+from reef.testing.traffic import traffic
 
 WANTED = "Paris is the capital of France."
 

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from cli.testing import InProcessReef
+from reef.testing.traffic import traffic
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from flows.judging import Judging
 from reef.settings import JudgeSettings
 from reef.store.sql import open_store
-from tests.reefserver import InProcessReef
 
 SCENARIO = "openclaw"
 CONFIG = """
@@ -118,7 +118,8 @@ def test_the_worker_judges_and_evolves_on_its_own(tmp_path: Path) -> None:
     turn, and once 4 turns are judged the worker evolves and deploys an openclaw release."""
     import yaml
 
-    from tests.reefserver import ReefServer, wait_for
+    from reef.testing.process import ReefServer
+    from tests.reefserver import wait_for
 
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(

@@ -10,8 +10,8 @@ import boto3
 import httpx
 import openai
 
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from cli.testing import InProcessReef
+from reef.testing.traffic import traffic
 
 
 def test_evolve_with_artifacts_on_s3(

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
+from cli.testing import InProcessReef
+from reef.testing.traffic import traffic
 
 SEED = """
 reef:

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.testing import InProcessReef
 from demo.discover.harness import Config, Reef
 from demo.discover.packing import prompt
 from recipes.tttd.grid import grid_metadata
-from tests.reefserver import InProcessReef
 
 G, R = 2, 3
 

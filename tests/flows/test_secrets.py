@@ -22,11 +22,11 @@ from sqlalchemy.engine import make_url
 
 from api.evolver import Evolver
 from cli.main import main as reef_cli
+from cli.testing import InProcessReef
 from flows.worker import run_once
 from reef.settings import load_settings
+from reef.testing.traffic import traffic
 from tests.conftest import POSTGRES_ADMIN_URL
-from tests.reefserver import InProcessReef
-from tests.traffic import traffic
 
 pytestmark = [pytest.mark.loop, pytest.mark.postgres, pytest.mark.timeout(600)]
 

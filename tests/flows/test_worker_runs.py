@@ -11,8 +11,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.reefserver import ReefServer, wait_for
-from tests.traffic import traffic
+from reef.testing.process import ReefServer
+from reef.testing.traffic import traffic
+from tests.reefserver import wait_for
 
 
 def _pending(srv: ReefServer, scenario: str) -> list[dict[str, Any]]:

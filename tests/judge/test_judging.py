@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from cli.testing import InProcessReef
 from flows.judging import Judging, build_judge, human_label
 from reef.experience import collect
 from reef.export import export
@@ -19,7 +20,6 @@ from reef.judge import Exchange, judge_quality
 from reef.settings import JudgeSettings, Settings
 from reef.store.sql import open_store
 from reef.verdicts import LikelihoodJudge
-from tests.reefserver import InProcessReef
 
 SCENARIO = "reactions"
 COMPLAINT = "Too long. Keep it to one sentence."

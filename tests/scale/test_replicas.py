@@ -32,9 +32,9 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from reef.testing.fleet import AUTH, Fleet, LoadGenerator, MLflowServer, fleet_config, until_served
 from tests.flows.conftest import _PrefectServer
 from tests.flows.test_prefect_deployments import POOL, ROOT, _env, _prefect
-from tests.scale.fleet import AUTH, Fleet, LoadGenerator, MLflowServer, fleet_config, until_served
 
 pytestmark = [pytest.mark.scale, pytest.mark.postgres, pytest.mark.timeout(480)]
 

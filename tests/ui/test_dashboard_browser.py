@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from api.auth import hash_token
-from tests.reefserver import ReefServer, wait_for
+from reef.testing.process import ReefServer
+from tests.reefserver import wait_for
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1500)]
 

@@ -28,8 +28,8 @@ from reef.engines.vllm import VllmServer
 from reef.records import Release, new_id, utcnow
 from reef.store.base import Store
 from reef.store.sql import open_store
+from reef.testing.process import ReefServer
 from tests.engines.test_embedded_releases import lora, perturbed
-from tests.reefserver import ReefServer
 
 pytestmark = pytest.mark.vllm
 

@@ -15,8 +15,8 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from reef.engines.vllm import VllmServer
-from tests.reefserver import ReefServer
-from tests.traffic import report_all, traffic
+from reef.testing.process import ReefServer
+from reef.testing.traffic import report_all, traffic
 from tests.vllm.test_vllm_deploy import _ask, _greedy
 
 pytestmark = pytest.mark.vllm

@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from deploy.engine import EngineAdmin
+from reef.testing.process import ReefServer
 from tests.engines.test_embedded_releases import lora
-from tests.reefserver import ReefServer
 from tests.vllm.conftest import VLLM_ARGS, VLLM_PYTHON
 
 pytestmark = pytest.mark.vllm

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.reefserver import ReefServer, free_port, wait_ready
+from reef.testing.process import ReefServer, free_port, wait_ready
 
 TOKEN = "reef-fleet-admin-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -1,6 +1,7 @@
 """An application's traffic against a Reef server: chat calls through the official openai SDK,
 then a report per receipt (`POST /reef/report`) — what the flow tests, the vLLM test and the
-benchmarks feed the loop with."""
+benchmarks feed the loop with. Needs the openai SDK, which the `dev` extra installs (serving
+does not)."""
 
 from __future__ import annotations
 
