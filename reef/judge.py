@@ -285,19 +285,9 @@ def judgment_report(
         # report's metadata: the openclaw recipe reads its teachers' hints from it
         "hints": list(judgment.hints),
     }
-    if judged_report_id is not None:
-        metadata["judged_report_id"] = judged_report_id
-    return Report(
-        id=report_id,
-        scenario=scenario,
-        created_at=utcnow(),
-        references=(record_id,),
-        score=float(judgment.score),
-        feedback={
-            "hints": list(judgment.hints),
-            "next_state": {"role": exchange.next_role, "content": exchange.next_text},
-        },
-        metadata=metadata,
+    feedback = {"hints": list(judgment.hints), **_next_state(exchange)}
+    return _stored(
+        scenario, report_id, record_id, float(judgment.score), feedback, metadata, judged_report_id
     )
 
 
@@ -314,6 +304,25 @@ def dropped_report(
     score and the reason, so the drop is counted in the scenario's status and the turn is not
     judged again by a restarted worker; it trains nothing."""
     metadata: dict[str, Any] = {"source": SOURCE, "judge": identity, "dropped": reason}
+    return _stored(
+        scenario, report_id, record_id, None, _next_state(exchange), metadata, judged_report_id
+    )
+
+
+def _next_state(exchange: Exchange) -> dict[str, Any]:
+    return {"next_state": {"role": exchange.next_role, "content": exchange.next_text}}
+
+
+def _stored(
+    scenario: str,
+    report_id: str,
+    record_id: str,
+    score: float | None,
+    feedback: dict[str, Any],
+    metadata: dict[str, Any],
+    judged_report_id: str | None,
+) -> Report:
+    """A judge's report on one turn (`record_id`), scored or (a drop) not."""
     if judged_report_id is not None:
         metadata["judged_report_id"] = judged_report_id
     return Report(
@@ -321,8 +330,8 @@ def dropped_report(
         scenario=scenario,
         created_at=utcnow(),
         references=(record_id,),
-        score=None,
-        feedback={"next_state": {"role": exchange.next_role, "content": exchange.next_text}},
+        score=score,
+        feedback=feedback,
         metadata=metadata,
     )
 
