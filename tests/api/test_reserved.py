@@ -7,10 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from cli.testing import InProcessReef
 from reef import judge
 from reef.wire import RESERVED_REPORT_ID_PREFIXES, RESERVED_SOURCES
 from tests.api.conftest import records_of
-from tests.reefserver import InProcessReef
 
 
 def _chat(server: InProcessReef, scenario: str, **tags: str) -> httpx.Response:

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.reefserver import InProcessReef
+from cli.testing import InProcessReef
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(600)]
 
