@@ -1,6 +1,6 @@
 """Which registered engines a deploy reaches (engine.registry): anyone who can write the
 engines table could register a URL, and every deploy sends it the admin engine token. Only
-loopback engines and the names in engine.registry_allow are reached, and off loopback only
+loopback engines and the names in engine.fleet.registry_allow are reached, and off loopback only
 over https."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_only_allowed_engines_get_the_token(
         store.register_engine(url, started=True)
     settings = load_settings(
         None,
-        engine={"registry": True, "registry_allow": list(allow)},
+        engine={"fleet": {"registry": True, "registry_allow": list(allow)}},
         reef={"engine_token": "secret-admin-token"},
     )
     registered = Registered(settings, store)
@@ -63,4 +63,4 @@ def test_only_allowed_engines_get_the_token(
 
 def test_allow_list_entries_are_host_names() -> None:
     with pytest.raises(ConfigError, match="not a host name"):
-        load_settings(None, engine={"registry_allow": ["https://reef-1.internal"]})
+        load_settings(None, engine={"fleet": {"registry_allow": ["https://reef-1.internal"]}})
