@@ -63,9 +63,7 @@ def judging_enabled(settings: Settings) -> bool:
     return recipe_class(settings.reef.recipe).name == "openclaw"
 
 
-def build_judge(
-    settings: Settings, scenario: str, reader: Callable[[], Reader] | None = None
-) -> TurnJudge:
+def build_judge(settings: Settings, scenario: str) -> TurnJudge:
     """The configured judge for `scenario`: a function, an endpoint, the likelihood judge on
     the served base model (the default where the model's files are here), or the served head
     generating its votes."""
@@ -76,7 +74,7 @@ def build_judge(
     if j.method == "likelihood" and settings.engine.kind != "upstream":
         from reef.verdicts import LikelihoodJudge
 
-        read = (reader or (lambda: shared_reader(settings)))()
+        read = shared_reader(settings)
         return LikelihoodJudge(
             read,
             f"likelihood:{read.model_dir.name}",
