@@ -156,8 +156,9 @@ DISCOVER_ARGS ?=
 demo-discover: venv bwrap smollm2
 	$(BIN)/python -m demo.discover $(DISCOVER_ARGS)
 
-# SmolLM2 learns "one sentence" from next-turn reactions alone (openclaw recipe, rule judge);
-# bench-reactions compares its combined / RL-only / OPD-only modes with the frozen model.
+# SmolLM2 learns "one sentence" from next-turn reactions alone (openclaw recipe, the judge Reef
+# ships, the default gate; REACTIONS_ARGS="--judge rule" for the arm whose judge is told the answer);
+# bench-reactions compares its combined / RL-only / OPD-only modes with the frozen model (rule judge).
 REACTIONS_ARGS ?=
 demo-reactions: venv smollm2
 	$(BIN)/python -m demo.reactions_run $(REACTIONS_ARGS)
