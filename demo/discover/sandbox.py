@@ -190,8 +190,11 @@ def _root_fs() -> list[str]:
             args += ["--symlink", os.readlink(top), str(top)]
         elif top.is_dir():
             args += ["--ro-bind", str(top), str(top)]
+    # The empty /tmp before the binds: an interpreter installed under /tmp (a checkout or a
+    # venv there) is bound on top of it, not hidden by it.
+    args += ["--perms", "1777", "--tmpfs", "/tmp"]
     binds = _python_paths()
-    made: set[Path] = set()
+    made: set[Path] = {Path("/tmp")}
     for path in binds:  # parents as plain 0755 directories, so an unprivileged uid gets through
         for parent in _ancestors(path):
             if parent not in made and not parent.is_symlink():
@@ -199,7 +202,7 @@ def _root_fs() -> list[str]:
                 made.add(parent)
     for path in binds:
         args += ["--ro-bind", str(path), str(path)]
-    return [*args, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    return [*args, "--proc", "/proc", "--dev", "/dev"]
 
 
 def _namespaces() -> list[str]:
