@@ -25,9 +25,9 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -52,7 +52,7 @@ MINUTE = 60
 DAY = 86_400
 _PRUNE_EVERY = 512  # spends between two prunes, per process
 
-# On the metadata the migrations are checked against (tests/store/test_store_migrations.py).
+# On the metadata the migrations are checked against (tests/store/test_database.py).
 quota_counters: Table = Table(
     "quota_counters",
     SQLModel.metadata,
@@ -62,6 +62,9 @@ quota_counters: Table = Table(
     Column("tokens", BigInteger, nullable=False),
     extend_existing=True,
 )
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -268,39 +271,35 @@ class SQLQuotas:
     ) -> Refusal | str | None:
         if not counters:
             return None
-        if self._sqlite_path is None:
-            return WAIT
-        at_once, _ = self._sqlite()
-        if not at_once.lock.acquire(blocking=False):
-            return WAIT
-        try:
-            ordered = sorted(counters, key=lambda c: c.key)
-            return at_once.admit(ordered, time.time() if now is None else now)
-        except sqlite3.OperationalError as e:
-            if _busy(e):
-                return WAIT
-            raise StoreError(f"database error while counting a request: {e}") from e
-        finally:
-            at_once.lock.release()
+        ordered = sorted(counters, key=lambda c: c.key)
+        at = time.time() if now is None else now
+        return self._at_once("counting a request", lambda c: c.admit(ordered, at))
 
     def spend_now(
         self, counters: Sequence[Counter], tokens: int, now: float | None = None
     ) -> str | None:
         if not counters or tokens <= 0:
             return None
+        ordered = sorted(counters, key=lambda c: c.key)
+        at = time.time() if now is None else now
+        return self._at_once(
+            "counting tokens", lambda c: c.spend(ordered, tokens, at, self._prune_due())
+        )
+
+    def _at_once(self, what: str, call: Callable[[_SQLiteCounters], T]) -> T | str:
+        """`call` on the connection that never waits: WAIT when the counters are not on
+        SQLite, or its lock (ours, or the database file's) is taken now."""
         if self._sqlite_path is None:
             return WAIT
         at_once, _ = self._sqlite()
         if not at_once.lock.acquire(blocking=False):
             return WAIT
         try:
-            ordered = sorted(counters, key=lambda c: c.key)
-            at_once.spend(ordered, tokens, time.time() if now is None else now, self._prune_due())
-            return None
+            return call(at_once)
         except sqlite3.OperationalError as e:
             if _busy(e):
                 return WAIT
-            raise StoreError(f"database error while counting tokens: {e}") from e
+            raise StoreError(f"database error while {what}: {e}") from e
         finally:
             at_once.lock.release()
 
