@@ -303,11 +303,10 @@ class Judging:
         from reef.verdicts import Labelled
 
         out: list[Labelled] = []
-        for rid, (role, text) in st.next_states.items():
-            score = st.human.get(rid)
-            label = human_label(score) if score is not None else None
-            if label is not None:
-                out.append(Labelled(role, text, label))
+        for rid, score in st.human.items():  # few: only what people scored
+            label = human_label(score)
+            if label is not None and rid in st.next_states:
+                out.append(Labelled(*st.next_states[rid], label))
         return out
 
     def _judge_all(self, scenario: str, cases: list[Case]) -> int:

@@ -38,7 +38,7 @@ def ready(settings: Settings, scenario: str, kind: str) -> tuple[bool, int]:
 
     store = open_store(settings.database_url)
     try:
-        r = readiness(store, scenario, settings.reef, kind, holdout=fraction(settings))
+        r = readiness(store, scenario, settings.reef, kind, holdout=fraction(settings), judge=False)
     finally:
         store.close()
     return r.ready, r.eligible

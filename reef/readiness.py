@@ -45,6 +45,7 @@ def readiness(
     *,
     artifacts: ArtifactStore | None = None,
     holdout: float = 0.0,
+    judge: bool = True,
 ) -> Readiness:
     """How many samples wait for the loop's recipe vs its batch size. No side effects.
 
@@ -52,7 +53,8 @@ def readiness(
     `fraction(settings)`): they never train, so they count among the dropped, as "held_out",
     not toward the batch. With a share, a batch is ready only once the gate has at least one
     evaluation sample to decide on: a batch trained before that would be refused for want of
-    evidence and its samples spent."""
+    evidence and its samples spent. `judge`: also the judge's record (a second read of the
+    scenario's reports: for what shows it, not for deciding whether to evolve)."""
     kind = check_kind(recipe_kind or recipe_class(loop_settings.recipe).kind)
     exp = collect(
         store,
@@ -70,8 +72,8 @@ def readiness(
         from reef.datasets import last_materialization
 
         last = last_materialization(artifacts, scenario)
-    quality = judge_quality(reports_of(store, scenario))
-    judged = quality.judged or quality.dropped
+    quality = judge_quality(reports_of(store, scenario)) if judge else None
+    judged = quality is not None and (quality.judged or quality.dropped)
     full = len(trainable) >= loop_settings.batch_size
     no_evidence = holdout > 0 and len(trainable) == len(exp.samples)
     return Readiness(
