@@ -264,7 +264,8 @@ def main() -> None:
 
     reader = Reader(model_dir, threads=args.threads, cache_dir=cache / "judge")
     results: dict[str, dict[str, Any]] = {}
-    for name, judge in likelihood_judges(reader).items():
+    judges = likelihood_judges(reader)
+    for name, judge in judges.items():
         outcomes = [judge(i) for i in items]
         results[name] = summarize(items, outcomes, consensus)
         print(f"{name}: done")
@@ -279,9 +280,8 @@ def main() -> None:
             print(f"generate: {n}/{len(subset)} ({outcomes[-1].seconds:.1f} s)", flush=True)
         results["generate (subset)"] = summarize(subset, outcomes, consensus)
         subset_ids = {i.id for i in subset}
-        for name in [k for k in results if k.startswith("likelihood")]:
-            same = [i for i in items if i.id in subset_ids]
-            judge = likelihood_judges(reader)[name]
+        same = [i for i in items if i.id in subset_ids]
+        for name, judge in judges.items():
             results[f"{name} (same subset)"] = summarize(same, [judge(i) for i in same], consensus)
 
     print_table(results)

@@ -23,13 +23,14 @@ training.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -171,20 +172,15 @@ class Reader:
             raise ValueError(f"the tokenizer has no token for {word!r}")
         return int(ids[0])
 
-    def _threads(self) -> Any:
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
         """torch's thread count for one pass, restored after (the worker trains with more)."""
-        torch = self._torch
-        threads = self.threads
-
-        class _Scope:
-            def __enter__(self) -> None:
-                self.before = torch.get_num_threads()
-                torch.set_num_threads(threads)
-
-            def __exit__(self, *exc: object) -> None:
-                torch.set_num_threads(self.before)
-
-        return _Scope()
+        before = self._torch.get_num_threads()
+        self._torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            self._torch.set_num_threads(before)
 
     def read_many(self, reactions: Sequence[tuple[str, str]], batch: int = 16) -> list[Reading]:
         """Readings of many (role, text) reactions, `batch` at a time: the fixed text's keys and
@@ -231,20 +227,7 @@ class Reader:
         return out
 
     def read(self, role: str, text: str) -> Reading:
-        torch = self._torch
-        ids = self.tokenizer(
-            reaction_line(role, text), return_tensors="pt", add_special_tokens=False
-        ).input_ids
-        with self._lock, self._threads(), torch.inference_mode():
-            cache = copy.deepcopy(self._prefix_cache)  # a pass extends the cache it is given
-            out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True)
-        logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        hidden = out.hidden_states[-1][0, -1].float()
-        return Reading(
-            logprobs=tuple(float(logprobs[i]) for i in self._label_ids),
-            hidden=tuple(float(v) for v in hidden.tolist()),
-            tokens=int(ids.shape[1]),
-        )
+        return self.read_many([(role, text)])[0]
 
 
 # the probe --------------------------------------------------------------------------------
