@@ -24,6 +24,7 @@ import argparse
 import concurrent.futures
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -155,18 +156,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
             ok = [app.session(q) for q in pool]
             say(f"round {n}: {args.sessions} sessions, {sum(ok)} first answers suited the user")
             reacted = time.monotonic()
-            deadline = reacted + args.round_timeout
-            while len(app.decided()) < n:  # this round's candidate, accepted or refused
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"no decision in {args.round_timeout:.0f}s:\n{server.log()[-4000:]}"
-                    )
-                if _short(app.status(), len(first_replies) + len(ok)):
-                    # the gate keeps some judged turns for evaluation: the batch needs more
-                    q = train[(args.sessions * n + len(ok)) % len(train)]
-                    ok.append(app.session(q))
-                    say(f"round {n}: one more session for the batch ({len(ok)} in this round)")
-                time.sleep(1.0)
+            _await_decision(app, server, args, n, ok, len(first_replies), say)
             first_replies += ok
             verdict = app.decided()[0]
             if verdict["status"] != "published":
@@ -220,6 +210,31 @@ def run(args: argparse.Namespace, state_dir: Path) -> list[Step]:
     say(f"curve {png}; MLflow run {run_id} in experiment reef/{SCENARIO}")
     save_figures(state_dir / "artifacts", SCENARIO, steps, "python -m demo.reactions_run")
     return steps
+
+
+def _await_decision(
+    app: Conversations,
+    server: Server,
+    args: argparse.Namespace,
+    n: int,
+    ok: list[bool],
+    before: int,
+    say: Callable[[str], None],
+) -> None:
+    """Wait until round `n`'s candidate is accepted or refused, holding one more session at a
+    time (its outcome appended to `ok`) while the batch is short; `before`: sessions of the
+    earlier rounds."""
+    train = questions("train")
+    deadline = time.monotonic() + args.round_timeout
+    while len(app.decided()) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no decision in {args.round_timeout:.0f}s:\n{server.log()[-4000:]}")
+        if _short(app.status(), before + len(ok)):
+            # the gate keeps some judged turns for evaluation: the batch needs more
+            q = train[(args.sessions * n + len(ok)) % len(train)]
+            ok.append(app.session(q))
+            say(f"round {n}: one more session for the batch ({len(ok)} in this round)")
+        time.sleep(1.0)
 
 
 def _short(status: dict, sessions: int) -> bool:
