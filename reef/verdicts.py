@@ -28,6 +28,7 @@ import copy
 import hashlib
 import json
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -144,15 +145,25 @@ class Reader:
             log.warning("ignoring the judge's feature cache %s: %s", self._cache_file, e)
 
     def _save_cache(self) -> None:
+        """Write what is known, whole or not at all. Several processes may write the same
+        file at once (the workers of one machine): each writes its own temporary file and
+        the last rename wins; a cache that cannot be written is only a slower next start."""
         if self._cache_file is None or not self._known:
             return
         keys = list(self._known)
-        self._cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._cache_file.with_suffix(".tmp.npz")
-        np.savez(
-            tmp, keys=np.array(json.dumps(keys)), features=np.stack(list(self._known.values()))
-        )
-        tmp.replace(self._cache_file)  # whole or not at all
+        try:
+            self._cache_file.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(
+                dir=self._cache_file.parent, suffix=".npz", delete=False
+            ) as f:
+                np.savez(
+                    f,
+                    keys=np.array(json.dumps(keys)),
+                    features=np.stack(list(self._known.values())),
+                )
+            Path(f.name).replace(self._cache_file)
+        except OSError as e:
+            log.warning("could not write the judge's feature cache %s: %s", self._cache_file, e)
 
     def features(self, reactions: Sequence[tuple[str, str]]) -> np.ndarray:
         """The probe's features of each (role, text) reaction: read once, in batches, then
