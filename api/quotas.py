@@ -7,6 +7,10 @@ counter that applies, or on none and the call gets a 429 with Retry-After); its 
 completion tokens are added once its record is written. Tokens are known only after the
 answer, so a call admitted just under a token limit may overshoot it by its own size; the next
 call is refused until the window ends, as with OpenAI's and LiteLLM's token limits.
+
+A call whose counters are far from their limits is counted in process and reaches the
+database with the next sync, 50 ms later (reef.quota_ledger: what that costs in exactness,
+and why); near a limit, every call is admitted by the database itself.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from reef.background import BackgroundTask
 from reef.errors import RateLimited, ReefError
+from reef.quota_ledger import SYNC_EVERY_S, QuotaLedger
 from reef.settings import QuotaSettings, TokenSettings
 from reef.store.quotas import DAY, MINUTE, WAIT, Counter, Quotas, Refusal, counter_key
 
@@ -77,17 +83,47 @@ class QuotaGate:
             ["token", "limit"],
             registry=registry,
         )
+        admissions = PromCounter(
+            "reef_quota_admissions_total",
+            "Calls admitted against a token's quotas, by where they were counted: in process "
+            "(far from every limit; synced to the database in batches) or in the database",
+            ["counted"],
+            registry=registry,
+        )
+        self._in_process = admissions.labels("process")
+        self._in_database = admissions.labels("database")
+        self._counters: dict[tuple[str, str], list[Counter]] = {}
         self._held: OrderedDict[str, list[Counter]] = OrderedDict()
         self._spending: set[asyncio.Future[None]] = set()
+        self.ledger = QuotaLedger(quotas)
+        self._sync = BackgroundTask(
+            "quota-sync", self.ledger.sync, every_s=SYNC_EVERY_S, last=self.ledger.sync
+        )
+
+    def start(self) -> None:
+        """Sync the ledger with the database in the background (only tokens with quotas
+        need it)."""
+        if self.tokens:
+            self._sync.start()
+
+    def stop(self) -> None:
+        """Stop syncing, after a last sync of what is counted here."""
+        self._sync.stop()
 
     def counters(self, token: str, scenario: str) -> list[Counter]:
         """The counters a call of `token` in `scenario` counts on ([] when it has no quota)."""
         t = self.tokens.get(token)
         if t is None:
             return []
-        return _counters(f"token/{token}", t.quota) + _counters(
-            f"token/{token}/scenario/{scenario}", t.scenario_quotas.get(scenario)
-        )
+        found = self._counters.get((token, scenario))
+        if found is None:
+            found = _counters(f"token/{token}", t.quota) + _counters(
+                f"token/{token}/scenario/{scenario}", t.scenario_quotas.get(scenario)
+            )
+            if len(self._counters) >= _HELD:  # scenarios are named by callers: keep it bounded
+                self._counters.clear()
+            self._counters[(token, scenario)] = found
+        return found
 
     async def admit(self, token: str, scenario: str) -> list[Counter]:
         """Count the call, or raise RateLimited (429) when a quota of it is spent. On the event
@@ -95,11 +131,16 @@ class QuotaGate:
         counters = self.counters(token, scenario)
         if not counters:
             return counters
+        if self.ledger.admit(counters):
+            self._in_process.inc()
+            return counters
         now = self.quotas.admit_now(counters)  # SQLite, its lock free: ~12 us, no hop
         refusal = (
             await anyio.to_thread.run_sync(self.quotas.admit, counters) if now == WAIT else now
         )
         if not isinstance(refusal, Refusal):
+            self.ledger.admitted(counters)
+            self._in_database.inc()
             return counters
         c = refusal.counter
         limit = "tokens_per_day" if c.window_s == DAY else f"{refusal.count}_per_minute"
@@ -126,10 +167,11 @@ class QuotaGate:
         background (the answer does not wait for it)."""
         counters = self._held.pop(record_id, None)
         tokens = _spent(usage)
-        if not counters or not tokens:
+        if not counters or not tokens or self.ledger.spend(counters, tokens):
             return
         try:
             if self.quotas.spend_now(counters, tokens) != WAIT:
+                self.ledger.spent(counters, tokens)
                 return
         except ReefError as e:
             log.error("counting %d tokens against quotas failed: %s", tokens, e.message)
@@ -141,6 +183,7 @@ class QuotaGate:
     def _spend(self, counters: list[Counter], tokens: int) -> None:
         try:
             self.quotas.spend(counters, tokens)
+            self.ledger.spent(counters, tokens)
         except Exception as e:  # a lost count must not fail an answer already sent
             log.error("counting %d tokens against quotas failed: %s", tokens, e)
 

@@ -99,6 +99,17 @@ class Usage:
     tokens: int
 
 
+@dataclass(frozen=True)
+class Delta:
+    """Requests and tokens to add to one counter's row (`key` in the window at
+    `window_start`)."""
+
+    key: str
+    window_start: int
+    requests: int
+    tokens: int
+
+
 WAIT = "wait"  # admit_now / spend_now: the answer needs a wait (a lock, the network)
 _UNLIMITED = 2**62
 
@@ -129,6 +140,11 @@ class Quotas(Protocol):
 
     def usage(self, keys: Sequence[str], now: float | None = None) -> list[Usage]:
         """The current window's counts of these keys (keys end in their window's length)."""
+        ...
+
+    def add(self, deltas: Sequence[Delta]) -> list[Usage]:
+        """Add each delta to its row, unconditionally (a row missing starts at 0), and return
+        those rows as they are after it: what every replica counted so far."""
         ...
 
 
@@ -163,6 +179,16 @@ def _admit_sql(n: int) -> str:
         f"INSERT INTO quota_counters (key, window_start, requests, tokens) VALUES {values} "
         "ON CONFLICT (key, window_start) DO UPDATE SET requests = requests + 1 "
         f"WHERE CASE quota_counters.key {whens} ELSE 1 END RETURNING key"
+    )
+
+
+@functools.cache
+def _add_sql(n: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?)"] * n)
+    return (
+        f"INSERT INTO quota_counters (key, window_start, requests, tokens) VALUES {values} "
+        "ON CONFLICT (key, window_start) DO UPDATE SET requests = requests + excluded.requests, "
+        "tokens = tokens + excluded.tokens RETURNING key, window_start, requests, tokens"
     )
 
 
@@ -226,6 +252,24 @@ class _SQLiteCounters:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             raise
+
+    def add(self, deltas: Sequence[Delta], prune_before: int | None) -> list[Usage]:
+        args: list[Any] = []
+        for d in deltas:
+            args += [d.key, d.window_start, d.requests, d.tokens]
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self.conn.execute(_add_sql(len(deltas)), args).fetchall()
+            if prune_before is not None:
+                self.conn.execute(
+                    "DELETE FROM quota_counters WHERE window_start < ?", (prune_before,)
+                )
+            self.conn.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
+        return [Usage(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
 
     def close(self) -> None:
         with self.lock:
@@ -397,6 +441,47 @@ class SQLQuotas:
                 rows = conn.execute(select(t).where(or_(*wanted))).all()
         except SQLAlchemyError as e:
             raise StoreError(f"database error while reading quota counters: {e}") from e
+        return [Usage(r.key, r.window_start, r.requests, r.tokens) for r in rows]
+
+    def add(self, deltas: Sequence[Delta]) -> list[Usage]:
+        if not deltas:
+            return []
+        deltas = sorted(deltas, key=lambda d: (d.key, d.window_start))  # one lock order
+        prune_before = int(time.time()) - 2 * DAY if self._prune_due() else None
+        if self._sqlite_path is not None:
+            _, waiting = self._sqlite()
+            try:
+                with waiting.lock:
+                    return waiting.add(deltas, prune_before)
+            except sqlite3.Error as e:
+                raise StoreError(f"database error while adding to quota counters: {e}") from e
+        t = quota_counters
+        stmt = postgresql.insert(t).values(
+            [
+                {
+                    "key": d.key,
+                    "window_start": d.window_start,
+                    "requests": d.requests,
+                    "tokens": d.tokens,
+                }
+                for d in deltas
+            ]
+        )
+        upsert = stmt.on_conflict_do_update(
+            index_elements=[t.c.key, t.c.window_start],
+            set_={
+                "requests": t.c.requests + stmt.excluded.requests,
+                "tokens": t.c.tokens + stmt.excluded.tokens,
+            },
+        ).returning(t.c.key, t.c.window_start, t.c.requests, t.c.tokens)
+        try:
+            with self.engine.connect() as conn, conn.begin():
+                conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+                rows = conn.execute(upsert).all()
+                if prune_before is not None:
+                    conn.execute(delete(t).where(t.c.window_start < prune_before))
+        except SQLAlchemyError as e:
+            raise StoreError(f"database error while adding to quota counters: {e}") from e
         return [Usage(r.key, r.window_start, r.requests, r.tokens) for r in rows]
 
 

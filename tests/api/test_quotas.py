@@ -16,8 +16,8 @@ import pytest
 from api.auth import hash_token
 from cli.testing import InProcessReef
 
-ADMIN, RPM, SCOPED, BUDGET, FREE, ANTH = (
-    f"{n}-quota-token" for n in ("ops", "rpm", "sc", "bg", "fr", "an")
+ADMIN, RPM, SCOPED, BUDGET, FREE, ANTH, WIDE = (
+    f"{n}-quota-token" for n in ("ops", "rpm", "sc", "bg", "fr", "an", "wd")
 )
 
 
@@ -37,6 +37,8 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[InProces
         f"    - {{name: free, sha256: {hash_token(FREE)}, scenarios: [a]}}\n"
         f"    - name: anth\n      sha256: {hash_token(ANTH)}\n      scenarios: [a]\n"
         "      quota: {requests_per_minute: 1}\n"
+        f"    - name: wide\n      sha256: {hash_token(WIDE)}\n      scenarios: [a]\n"
+        "      quota: {requests_per_minute: 100000, tokens_per_day: 100000000}\n"
     )
     database = {"database_url": f"sqlite:///{state / 'shared.db'}"}
     with (
@@ -151,3 +153,32 @@ def test_the_anthropic_routes_refuse_in_their_own_shape(replicas: list[InProcess
     body = refused.value.response.json()
     assert body["type"] == "error" and body["error"]["code"] == "rate_limit_exceeded"
     assert int(refused.value.response.headers["retry-after"]) >= 1
+
+
+def test_calls_far_from_a_limit_reach_the_shared_counters_in_batches(
+    replicas: list[InProcessReef],
+) -> None:
+    """A limit no call nears: each replica counts its calls in process and adds them to the
+    database's counters with its next sync, so both replicas' calls are in the shared count."""
+    _not_at_a_minute_end()
+    for srv in replicas:
+        for _ in range(6):
+            _chat(_client(srv, WIDE, "a"))
+    headers = {"authorization": f"Bearer {ADMIN}"}
+    used = 'reef_quota_used{limit="requests_per_minute",scope="all",token="wide"} 12.0'
+    deadline, text = time.monotonic() + 20, ""
+    while used not in text and time.monotonic() < deadline:
+        text = httpx.get(f"{replicas[1].url}/metrics", headers=headers).text
+        time.sleep(0.2)
+    assert used in text, text
+    tokens = 'reef_quota_used{limit="tokens_per_day",scope="all",token="wide"}'
+    [line] = [ln for ln in text.splitlines() if ln.startswith(tokens)]
+    assert float(line.split()[-1]) >= 12  # every call's prompt and completion tokens
+    in_process = 'reef_quota_admissions_total{counted="process"}'
+    counted = [
+        float(ln.split()[-1])
+        for srv in replicas
+        for ln in httpx.get(f"{srv.url}/metrics", headers=headers).text.splitlines()
+        if ln.startswith(in_process)
+    ]
+    assert sum(counted) > 0  # after each replica's first sync, calls skip the database
