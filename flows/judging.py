@@ -24,7 +24,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,8 +149,23 @@ class _ScenarioState:
     scored: set[str] = field(default_factory=set)  # records a human report scores
     waiting: dict[str, float] = field(default_factory=dict)  # tail record -> seen at (monotonic)
     human: dict[str, float] = field(default_factory=dict)  # record -> a person's latest score
-    next_states: dict[str, tuple[str, str]] = field(default_factory=dict)  # record -> (role, text)
+    # record -> (role, text), the most recent NEXT_STATES_KEPT (and every one a person scored)
+    next_states: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
     fitted_on: int = -1  # scenario labels the judge's probe was last fitted with
+
+    def keep_next_state(self, record_id: str, role: str, text: str) -> None:
+        """Keep a turn's next state for the probe, should a person score the turn later; the
+        oldest go first (a worker lives long), except those of turns people already scored."""
+        self.next_states[record_id] = (role, text)
+        while len(self.next_states) > NEXT_STATES_KEPT:
+            oldest, value = self.next_states.popitem(last=False)
+            if oldest in self.human:
+                self.next_states[oldest] = value  # a label: kept, moved to the end
+                if len(self.next_states) <= len(self.human):
+                    break
+
+
+NEXT_STATES_KEPT = 4096  # per scenario: a person's score usually follows its turn closely
 
 
 # A person's score on a turn as a verdict the probe learns from: scores of 0.5 and above (a
@@ -244,7 +259,7 @@ class Judging:
             if role is None:
                 self.counts["no_next_state"] += 1  # a retry of the same request
                 continue
-            st.next_states[parent.id] = (role, text)
+            st.keep_next_state(parent.id, role, text)
             out.append(Case(f"judge_{parent.id}", parent, role, text))
         return out
 

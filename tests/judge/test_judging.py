@@ -306,3 +306,17 @@ def test_judge_quality_counts_void_unsure_drops_and_agreement_with_people() -> N
     assert q.mean_confidence == pytest.approx((0.9 + 0.7 + 0.4 + 0.0) / 4)
     assert q.judges == ("likelihood:m",)
     assert [human_label(s) for s in (1.0, 0.5, 0.3, 0.0, -1.0)] == [1, 1, None, -1, -1]
+
+
+def test_a_long_lived_worker_keeps_a_bounded_set_of_next_states() -> None:
+    """The probe needs a turn's next state only if a person scores the turn: the worker keeps
+    the most recent ones, and never drops one a person already scored."""
+    from flows.judging import NEXT_STATES_KEPT, _ScenarioState
+
+    st = _ScenarioState()
+    st.human["rec-0"] = 1.0  # scored before many later turns arrived
+    for i in range(NEXT_STATES_KEPT + 100):
+        st.keep_next_state(f"rec-{i}", "user", f"next {i}")
+    assert len(st.next_states) == NEXT_STATES_KEPT
+    assert st.next_states["rec-0"] == ("user", "next 0")
+    assert "rec-1" not in st.next_states and f"rec-{NEXT_STATES_KEPT + 99}" in st.next_states
