@@ -94,8 +94,34 @@ def _shot(page: Any, name: str) -> None:
 
 
 def test_operator_walks_the_loop(reef: ReefServer) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
+    first, harness_head = _traffic_with_feedback(reef)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = ctx.new_page()
+            page.on("dialog", lambda d: d.accept())
+            page.set_default_timeout(30_000)
+            _sign_in(page, reef)
+            _records_and_a_session(page)
+            cand_id = _evolve_and_approve(page, reef)
+            _roll_back(page, reef, cand_id, harness_head)
+            _harness_diff_and_a_job(page, reef)
+            _learning_records_and_overview(page, reef, first)
+            _skip_link_first(page, reef)
+            _scenario_token_sees_its_own(browser, reef, harness_head)
+        finally:
+            browser.close()
+    if SHOTS:
+        print(f"screenshots in {SHOTS}: {sorted(p.name for p in Path(SHOTS).glob('ui-*.png'))}")
+
+
+def _traffic_with_feedback(reef: ReefServer) -> tuple[str, str]:
+    """A harness the head injects, a two-turn session and a single question in SHOP with
+    feedback on each, a question in SECRET. Returns the first record's id and the harness
+    release."""
     with _admin(reef) as http:
         # a harness the head injects: every transcript shows what it added
         r = http.post(f"/reef/scenarios/{SHOP}/harness", json={"files": HARNESS})
@@ -115,154 +141,181 @@ def test_operator_walks_the_loop(reef: ReefServer) -> None:
                 "/reef/report", json=body, headers={"x-reef-scenario": SHOP}
             ).raise_for_status()
         harness_head = http.get(f"/reef/scenarios/{SHOP}").json()["head_release_id"]
+    return one.headers["x-reef-agent-record-id"], harness_head
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-            page = ctx.new_page()
-            page.on("dialog", lambda d: d.accept())
-            page.set_default_timeout(30_000)
 
-            # sign in: the dashboard sends us to the form first
-            page.goto(f"{reef.url}/ui")
-            expect(page).to_have_url(re.compile(r"/ui/login"))
-            _shot(page, "login")
-            page.get_by_label("Token").fill(ADMIN)
-            page.get_by_role("button", name="Sign in").click()
-            expect(page.get_by_role("heading", name="Scenarios")).to_be_visible()
-            row = page.get_by_role("row").filter(has_text=SHOP)
-            expect(row).to_contain_text("#1 harness")
-            expect(page.get_by_role("rowheader", name=SECRET)).to_be_visible()
+def _sign_in(page: Any, reef: ReefServer) -> None:
+    """The dashboard sends us to the form first; signed in, the overview lists both
+    scenarios."""
+    from playwright.sync_api import expect
 
-            # records, then the session's transcript with its reports and injection
-            page.get_by_role("link", name=SHOP, exact=True).click()
-            expect(page.get_by_role("heading", name="Records")).to_be_visible()
-            expect(page.locator("table.records")).to_contain_text("And the refund?")
-            expect(page.locator("table.records")).to_contain_text("Where is my parcel?")
-            page.get_by_label("Text in prompt or answer").fill("refund")
-            page.get_by_role("button", name="Filter").click()
-            expect(page.locator("table.records tbody tr")).to_have_count(1)
-            page.locator("table.records tbody tr a").first.click()
-            expect(page.get_by_role("heading", name=re.compile("Session"))).to_be_visible()
-            expect(page.locator("li.turn")).to_have_count(2)
-            expect(page.locator("li.turn").nth(1)).to_contain_text("score 0.50")
-            expect(page.locator("li.turn").first).to_contain_text("Harness injection")
-            expect(page.locator(".heat").first).to_be_visible()
-            _shot(page, "session")
+    page.goto(f"{reef.url}/ui")
+    expect(page).to_have_url(re.compile(r"/ui/login"))
+    _shot(page, "login")
+    page.get_by_label("Token").fill(ADMIN)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Scenarios")).to_be_visible()
+    row = page.get_by_role("row").filter(has_text=SHOP)
+    expect(row).to_contain_text("#1 harness")
+    expect(page.get_by_role("rowheader", name=SECRET)).to_be_visible()
 
-            # evolve: ask the worker; the candidate appears on the candidates page by itself
-            page.get_by_role("link", name="Jobs").click()
-            page.get_by_role("button", name="Evolve now").click()
-            expect(page.get_by_role("status")).to_contain_text("evolve requested")
-            page.get_by_role("link", name="Candidates").click()
-            approve = page.get_by_role("button", name="Approve and release")
 
-            def pending() -> list[dict[str, Any]]:
-                return _pending(reef, SHOP)
+def _records_and_a_session(page: Any) -> None:
+    """Records, filtered, then the session's transcript with its reports and injection."""
+    from playwright.sync_api import expect
 
-            wait_for("a pending candidate", pending, reef, timeout=600)
-            expect(approve).to_be_visible(timeout=15_000)  # the section refreshes itself
-            expect(page.locator("#pending")).to_contain_text("sft")
-            _shot(page, "candidates")
-            cand_id = page.locator("#pending article.candidate").first.get_attribute("id")
-            assert cand_id and cand_id.startswith("rel_")
-            approve.click()
-            expect(page.get_by_role("status")).to_contain_text(f"{cand_id} is the head")
-            expect(page.locator(f"li.release.head#{cand_id}")).to_contain_text("approved")
-            expect(page.locator(f"li.release.head#{cand_id}")).to_contain_text("by ops")
+    page.get_by_role("link", name=SHOP, exact=True).click()
+    expect(page.get_by_role("heading", name="Records")).to_be_visible()
+    expect(page.locator("table.records")).to_contain_text("And the refund?")
+    expect(page.locator("table.records")).to_contain_text("Where is my parcel?")
+    page.get_by_label("Text in prompt or answer").fill("refund")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("table.records tbody tr")).to_have_count(1)
+    page.locator("table.records tbody tr a").first.click()
+    expect(page.get_by_role("heading", name=re.compile("Session"))).to_be_visible()
+    expect(page.locator("li.turn")).to_have_count(2)
+    expect(page.locator("li.turn").nth(1)).to_contain_text("score 0.50")
+    expect(page.locator("li.turn").first).to_contain_text("Harness injection")
+    expect(page.locator(".heat").first).to_be_visible()
+    _shot(page, "session")
 
-            # the new head serves
-            served = _chat(reef, SHOP, [{"role": "user", "content": "Is the new head here?"}])
-            assert served.headers["x-reef-release-id"] == cand_id
 
-            # roll back to the harness release
-            page.get_by_role("button", name=re.compile(r"Roll back to #1$")).click()
-            expect(page.get_by_role("status")).to_contain_text("rolled back")
-            head = page.locator("li.release.head")
-            expect(head).to_contain_text("rollback")
-            rolled = head.get_attribute("id")
-            assert rolled and rolled not in (cand_id, harness_head)
-            served = _chat(reef, SHOP, [{"role": "user", "content": "And now?"}])
-            assert served.headers["x-reef-release-id"] == rolled
-            _shot(page, "releases")
+def _evolve_and_approve(page: Any, reef: ReefServer) -> str:
+    """Ask the worker to evolve; the candidate appears on the candidates page by itself; the
+    operator approves it and the new head serves. Returns the candidate's id."""
+    from playwright.sync_api import expect
 
-            # a harness change shows as a diff against its parent
-            with _admin(reef) as http:
-                edits = [{"op": "update", "path": "AGENTS.md", "content": "Answer in one word."}]
-                r = http.post(f"/reef/scenarios/{SHOP}/harness", json={"edits": edits})
-                assert r.status_code == 201, r.text
-                harness2 = r.json()["release_id"]
-                # an instruction job, to watch its progress on the jobs page
-                job = http.post(
-                    "/reef/train",
-                    json={"text": "Greet the customer first."},
-                    headers={"x-reef-scenario": SHOP},
-                )
-                assert job.status_code == 202, job.text
-            page.goto(f"{reef.url}/ui/s/{SHOP}/diff/{harness2}")
-            expect(page.locator(".diff-file")).to_contain_text("AGENTS.md")
-            expect(page.locator("pre.diff .add")).to_contain_text("Answer in one word.")
-            _shot(page, "diff")
+    page.get_by_role("link", name="Jobs").click()
+    page.get_by_role("button", name="Evolve now").click()
+    expect(page.get_by_role("status")).to_contain_text("evolve requested")
+    page.get_by_role("link", name="Candidates").click()
+    approve = page.get_by_role("button", name="Approve and release")
 
-            page.goto(f"{reef.url}/ui/s/{SHOP}/jobs")
-            expect(page.locator("article.job").first).to_contain_text(
-                re.compile("done|failed"), timeout=600_000
-            )
-            expect(page.locator("article.job").first).to_contain_text("Greet the customer first.")
-            _shot(page, "jobs")
+    def pending() -> list[dict[str, Any]]:
+        return _pending(reef, SHOP)
 
-            page.goto(f"{reef.url}/ui/s/{SHOP}/curves")
-            expect(page.locator("#curve canvas")).to_be_visible()
-            _shot(page, "curves")
-            page.goto(f"{reef.url}/ui/s/{SHOP}/records")
-            _shot(page, "records")
-            page.goto(f"{reef.url}/ui")
-            expect(page.locator("[data-load]").first).to_contain_text("/")
-            _shot(page, "overview")
-            if SHOTS:
-                page.set_viewport_size({"width": 390, "height": 844})
-                _shot(page, "overview-phone")
-                page.goto(f"{reef.url}/ui/s/{SHOP}/records/{one.headers['x-reef-agent-record-id']}")
-                _shot(page, "session-phone")
+    wait_for("a pending candidate", pending, reef, timeout=600)
+    expect(approve).to_be_visible(timeout=15_000)  # the section refreshes itself
+    expect(page.locator("#pending")).to_contain_text("sft")
+    _shot(page, "candidates")
+    cand_id = page.locator("#pending article.candidate").first.get_attribute("id")
+    assert cand_id and cand_id.startswith("rel_")
+    approve.click()
+    expect(page.get_by_role("status")).to_contain_text(f"{cand_id} is the head")
+    expect(page.locator(f"li.release.head#{cand_id}")).to_contain_text("approved")
+    expect(page.locator(f"li.release.head#{cand_id}")).to_contain_text("by ops")
 
-            # keyboard: the skip link is the first stop and lands on the content
-            page.set_viewport_size({"width": 1280, "height": 800})
-            page.goto(f"{reef.url}/ui")
-            page.keyboard.press("Tab")
-            expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    # the new head serves
+    served = _chat(reef, SHOP, [{"role": "user", "content": "Is the new head here?"}])
+    assert served.headers["x-reef-release-id"] == cand_id
+    return str(cand_id)
 
-            # a scenario token: its scenario only, and no admin action, shown or done
-            scoped = browser.new_context(viewport={"width": 1280, "height": 800})
-            alice = scoped.new_page()
-            alice.goto(f"{reef.url}/ui/login")
-            alice.get_by_label("Token").fill(ALICE)
-            alice.get_by_role("button", name="Sign in").click()
-            expect(alice.get_by_role("rowheader", name=SHOP)).to_be_visible()
-            expect(alice.get_by_role("rowheader", name=SECRET)).to_have_count(0)
-            answer_403 = alice.goto(f"{reef.url}/ui/s/{SECRET}/records")
-            assert answer_403 is not None and answer_403.status == 403
-            expect(alice.locator("body")).not_to_contain_text("classified question")
-            alice.goto(f"{reef.url}/ui/s/{SHOP}/releases")
-            expect(alice.locator("li.release").first).to_be_visible()
-            expect(alice.get_by_role("button", name=re.compile("Roll back"))).to_have_count(0)
-            alice.goto(f"{reef.url}/ui/s/{SHOP}/candidates")
-            expect(alice.get_by_role("button", name="Approve and release")).to_have_count(0)
-            alice.goto(f"{reef.url}/ui/s/{SHOP}/jobs")
-            expect(alice.get_by_role("button", name="Evolve now")).to_have_count(0)
-            # forging the form from the page itself: refused server-side
-            status = alice.evaluate(
-                """async ([url, release]) => {
-                    const csrf = document.querySelector('input[name=csrf]').value;
-                    const body = new URLSearchParams({csrf, release_id: release});
-                    const r = await fetch(url, {method: 'POST', body});
-                    return r.status;
-                }""",
-                [f"/ui/s/{SHOP}/rollback", harness_head],
-            )
-            assert status == 403
-            scoped.close()
-        finally:
-            browser.close()
+
+def _roll_back(page: Any, reef: ReefServer, cand_id: str, harness_head: str) -> None:
+    """Roll back to the harness release: a new head, serving at once."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("button", name=re.compile(r"Roll back to #1$")).click()
+    expect(page.get_by_role("status")).to_contain_text("rolled back")
+    head = page.locator("li.release.head")
+    expect(head).to_contain_text("rollback")
+    rolled = head.get_attribute("id")
+    assert rolled and rolled not in (cand_id, harness_head)
+    served = _chat(reef, SHOP, [{"role": "user", "content": "And now?"}])
+    assert served.headers["x-reef-release-id"] == rolled
+    _shot(page, "releases")
+
+
+def _harness_diff_and_a_job(page: Any, reef: ReefServer) -> None:
+    """A harness change shows as a diff against its parent; an instruction job's progress
+    shows on the jobs page until it ends."""
+    from playwright.sync_api import expect
+
+    with _admin(reef) as http:
+        edits = [{"op": "update", "path": "AGENTS.md", "content": "Answer in one word."}]
+        r = http.post(f"/reef/scenarios/{SHOP}/harness", json={"edits": edits})
+        assert r.status_code == 201, r.text
+        harness2 = r.json()["release_id"]
+        # an instruction job, to watch its progress on the jobs page
+        job = http.post(
+            "/reef/train",
+            json={"text": "Greet the customer first."},
+            headers={"x-reef-scenario": SHOP},
+        )
+        assert job.status_code == 202, job.text
+    page.goto(f"{reef.url}/ui/s/{SHOP}/diff/{harness2}")
+    expect(page.locator(".diff-file")).to_contain_text("AGENTS.md")
+    expect(page.locator("pre.diff .add")).to_contain_text("Answer in one word.")
+    _shot(page, "diff")
+
+    page.goto(f"{reef.url}/ui/s/{SHOP}/jobs")
+    expect(page.locator("article.job").first).to_contain_text(
+        re.compile("done|failed"), timeout=600_000
+    )
+    expect(page.locator("article.job").first).to_contain_text("Greet the customer first.")
+    _shot(page, "jobs")
+
+
+def _learning_records_and_overview(page: Any, reef: ReefServer, first: str) -> None:
+    """The learning chart draws; the overview's readiness cell loads (and, for the
+    screenshots, the pages at phone width)."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{reef.url}/ui/s/{SHOP}/curves")
+    expect(page.locator("#curve canvas")).to_be_visible()
+    _shot(page, "curves")
+    page.goto(f"{reef.url}/ui/s/{SHOP}/records")
+    _shot(page, "records")
+    page.goto(f"{reef.url}/ui")
+    expect(page.locator("[data-load]").first).to_contain_text("/")
+    _shot(page, "overview")
     if SHOTS:
-        print(f"screenshots in {SHOTS}: {sorted(p.name for p in Path(SHOTS).glob('ui-*.png'))}")
+        page.set_viewport_size({"width": 390, "height": 844})
+        _shot(page, "overview-phone")
+        page.goto(f"{reef.url}/ui/s/{SHOP}/records/{first}")
+        _shot(page, "session-phone")
+
+
+def _skip_link_first(page: Any, reef: ReefServer) -> None:
+    """Keyboard: the skip link is the first stop and lands on the content."""
+    from playwright.sync_api import expect
+
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{reef.url}/ui")
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+
+
+def _scenario_token_sees_its_own(browser: Any, reef: ReefServer, harness_head: str) -> None:
+    """A scenario token: its scenario only, and no admin action, shown or done."""
+    from playwright.sync_api import expect
+
+    scoped = browser.new_context(viewport={"width": 1280, "height": 800})
+    alice = scoped.new_page()
+    alice.goto(f"{reef.url}/ui/login")
+    alice.get_by_label("Token").fill(ALICE)
+    alice.get_by_role("button", name="Sign in").click()
+    expect(alice.get_by_role("rowheader", name=SHOP)).to_be_visible()
+    expect(alice.get_by_role("rowheader", name=SECRET)).to_have_count(0)
+    answer_403 = alice.goto(f"{reef.url}/ui/s/{SECRET}/records")
+    assert answer_403 is not None and answer_403.status == 403
+    expect(alice.locator("body")).not_to_contain_text("classified question")
+    alice.goto(f"{reef.url}/ui/s/{SHOP}/releases")
+    expect(alice.locator("li.release").first).to_be_visible()
+    expect(alice.get_by_role("button", name=re.compile("Roll back"))).to_have_count(0)
+    alice.goto(f"{reef.url}/ui/s/{SHOP}/candidates")
+    expect(alice.get_by_role("button", name="Approve and release")).to_have_count(0)
+    alice.goto(f"{reef.url}/ui/s/{SHOP}/jobs")
+    expect(alice.get_by_role("button", name="Evolve now")).to_have_count(0)
+    # forging the form from the page itself: refused server-side
+    status = alice.evaluate(
+        """async ([url, release]) => {
+            const csrf = document.querySelector('input[name=csrf]').value;
+            const body = new URLSearchParams({csrf, release_id: release});
+            const r = await fetch(url, {method: 'POST', body});
+            return r.status;
+        }""",
+        [f"/ui/s/{SHOP}/rollback", harness_head],
+    )
+    assert status == 403
+    scoped.close()

@@ -1,0 +1,62 @@
+"""The overview at /ui: one row per scenario the viewer may see, and the readiness cell each
+row loads after the page renders."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from api.services import Services, services
+from api.ui.pages.common import call, page, render, scoped
+from api.ui.signin import viewer
+from api.ui.views.overview import OverviewRow, overview_row
+from reef import evaluation_pool
+from reef.readiness import Readiness
+from reef.readiness import readiness as compute_readiness
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+READINESS_TTL_S = 30.0
+
+
+@router.get("")
+@router.get("/")
+@page
+async def overview(request: Request) -> Response:
+    svc = services(request)
+    who = await viewer(request)
+    scenarios = await call(svc.store.list_scenarios)
+    rows = [await call(_row, svc, s.name) for s in scenarios if who.principal.may_use(s.name)]
+    return render(request, "overview.html", who, rows=rows, loop=svc.settings.reef)
+
+
+def _row(svc: Services, name: str) -> OverviewRow:
+    """One scenario's row of the overview, read in one worker thread."""
+    return overview_row(
+        name,
+        head=svc.store.head_release(name),
+        traffic=svc.browse.traffic(name),
+        candidates=svc.store.list_candidates(name),
+        chain=svc.store.list_releases(name),
+        scores=svc.browse.release_scores(name),
+    )
+
+
+@router.get("/s/{scenario}/readiness")
+@page
+async def readiness(request: Request, scenario: str) -> Response:
+    """Eligible samples vs the batch size: a fragment the overview loads after it renders.
+    Collecting experience reads every reported record (seconds at 10k reports), so the page
+    never waits on it, and an answer is reused for READINESS_TTL_S across viewers."""
+    svc, who, name = await scoped(request, scenario)
+    recent: dict[str, tuple[float, Readiness]] = request.app.state.ui_readiness
+    cached = recent.get(name)
+    if cached is not None and time.monotonic() - cached[0] < READINESS_TTL_S:
+        r = cached[1]
+    else:
+        holdout = evaluation_pool.fraction(svc.settings)
+        r = await call(compute_readiness, svc.store, name, svc.settings.reef, holdout=holdout)
+        recent[name] = (time.monotonic(), r)
+    return render(request, "readiness.html", who, r=r)

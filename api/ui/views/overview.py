@@ -1,0 +1,83 @@
+"""What the overview shows: one row per scenario with its last day's traffic as bars and its
+learning curve as a sparkline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reef.records import Candidate, Release
+from reef.store.browse import ScoreStats, Traffic
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One rectangle of an SVG bar chart (a traffic hour)."""
+
+    x: float
+    w: float
+    h: float
+    y: float
+
+
+def bars(values: list[int], width: int = 120, height: int = 28) -> list[Bar]:
+    """Rectangles of an SVG bar chart of `values` (traffic per hour)."""
+    top = max(values) if values and max(values) > 0 else 1
+    w = width / max(1, len(values))
+    return [
+        Bar(x=i * w, w=max(1.0, w - 1), h=v / top * height, y=height - v / top * height)
+        for i, v in enumerate(values)
+    ]
+
+
+def sparkline(values: list[float | None], width: int = 120, height: int = 28) -> str:
+    """An SVG polyline's points for `values` (None: gap, drawn as the previous value)."""
+    nums = [v for v in values if v is not None]
+    if len(nums) < 1:
+        return ""
+    lo, hi = min(nums), max(nums)
+    span = (hi - lo) or 1.0
+    step = width / max(1, len(values) - 1)
+    points = []
+    last = nums[0]
+    for i, v in enumerate(values):
+        last = v if v is not None else last
+        y = height - 2 - (last - lo) / span * (height - 4)
+        points.append(f"{i * step:.1f},{y:.1f}")
+    return " ".join(points)
+
+
+@dataclass(frozen=True)
+class OverviewRow:
+    """One scenario's row of the overview."""
+
+    name: str
+    head: Release
+    traffic: Traffic
+    bars: tuple[Bar, ...]  # records per hour over the last day
+    last: Candidate | None  # the newest candidate: the last evolve's outcome
+    pending: int  # candidates waiting for review
+    curve: str  # the sparkline of the mean reported score per release ("" before any)
+    releases: int
+
+
+def overview_row(
+    name: str,
+    head: Release,
+    traffic: Traffic,
+    candidates: list[Candidate],
+    chain: list[Release],
+    scores: dict[str, ScoreStats],
+) -> OverviewRow:
+    """The row of scenario `name` from its head, traffic, candidates (newest first), release
+    chain (oldest first) and the scores reported per release."""
+    means = [scores[r.id].mean if r.id in scores else None for r in chain]
+    return OverviewRow(
+        name=name,
+        head=head,
+        traffic=traffic,
+        bars=tuple(bars(traffic.hourly)),
+        last=candidates[0] if candidates else None,
+        pending=sum(1 for c in candidates if c.status == "pending"),
+        curve=sparkline(means),
+        releases=len(chain),
+    )

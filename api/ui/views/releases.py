@@ -1,0 +1,119 @@
+"""What the release chain shows: one row per release with the gate's numbers, the scores its
+traffic got, who approved it and its links out (MLflow, Prefect); and a harness diff."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from reef.records import Release
+from reef.store.browse import ScoreStats
+
+GATE_KEYS = (
+    "status",
+    "policy",
+    "test",
+    "n",
+    "mean_candidate",
+    "mean_head",
+    "mean_diff",
+    "ci_low",
+    "p_value",
+    "margin",
+    "reason",
+)
+
+
+def gate_numbers(gate: dict[str, Any]) -> dict[str, Any]:
+    """The gate's decision in the words the timeline uses (its set keys, in GATE_KEYS' order)."""
+    return {k: gate[k] for k in GATE_KEYS if gate.get(k) not in (None, "")}
+
+
+@dataclass(frozen=True)
+class Links:
+    """Where a release's outside pages are: the MLflow tracking server and the Prefect UI
+    (Settings.tracking_uri and .prefect_ui_url, read once per page)."""
+
+    tracking_uri: str
+    prefect_ui: str | None
+
+    def mlflow(self, model_uri: str | None) -> str | None:
+        """The MLflow UI page of a model version, when the tracking server is one we can
+        link."""
+        if not model_uri or not model_uri.startswith("models:/"):
+            return None
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return None
+        model, _, version = model_uri.removeprefix("models:/").rpartition("/")
+        base = self.tracking_uri.rstrip("/")
+        return f"{base}/#/models/{quote(model)}/versions/{quote(version)}"
+
+    def flow_run(self, run_id: Any) -> str | None:
+        """The Prefect UI page of the flow run that made a release, when the UI's address is
+        known."""
+        if not self.prefect_ui or not isinstance(run_id, str) or not run_id:
+            return None
+        return f"{self.prefect_ui}/runs/flow-run/{quote(run_id)}"
+
+
+@dataclass(frozen=True)
+class ReleaseRow:
+    """One release of the timeline."""
+
+    release: Release
+    gate: dict[str, Any]  # gate_numbers
+    score: ScoreStats | None  # what reports said of the traffic it served
+    mlflow: str | None  # the model version's page
+    flow_run: str | None  # the Prefect flow run's page
+    approval: dict[str, Any] | None  # {"by", "via"} when a person approved it
+    source: str | None  # a rollback's: the release whose content it serves again
+    harness: bool  # it carries a harness: a diff against its parent exists
+
+
+def release_rows(
+    chain: list[Release], scores: dict[str, ScoreStats], links: Links
+) -> list[ReleaseRow]:
+    """The timeline's rows, head first, of `chain` (oldest first, as the store lists it)."""
+    return [
+        ReleaseRow(
+            release=r,
+            gate=gate_numbers(r.gate),
+            score=scores.get(r.id),
+            mlflow=links.mlflow(r.model_uri),
+            flow_run=links.flow_run(r.metadata.get("flow_run_id")),
+            approval=r.metadata.get("approval"),
+            source=r.metadata.get("source_release_id"),
+            harness=isinstance(r.metadata.get("harness"), dict),
+        )
+        for r in reversed(chain)
+    ]
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    """One changed file of a harness against its parent's."""
+
+    path: str
+    status: str  # added, removed or changed
+    lines: tuple[str, ...]  # unified diff
+
+
+def diff(old: dict[str, str], new: dict[str, str]) -> list[FileDiff]:
+    """A unified diff per changed file of two harness trees (path -> text)."""
+    out = []
+    for path in sorted(set(old) | set(new)):
+        a, b = old.get(path), new.get(path)
+        if a == b:
+            continue
+        lines = difflib.unified_diff(
+            (a or "").splitlines(),
+            (b or "").splitlines(),
+            fromfile=f"a/{path}" if a is not None else "/dev/null",
+            tofile=f"b/{path}" if b is not None else "/dev/null",
+            lineterm="",
+        )
+        status = "added" if a is None else "removed" if b is None else "changed"
+        out.append(FileDiff(path, status, tuple(lines)))
+    return out
