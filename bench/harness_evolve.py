@@ -66,6 +66,67 @@ def _job(srv: Server, text: str) -> dict[str, Any]:
     return dict(job)
 
 
+def _wrong_answers_reported(srv: Server, args: argparse.Namespace) -> None:
+    """The simulated user's questions, each answer reported with score 0 and the city."""
+    traffic(
+        srv,
+        S,
+        args.questions,
+        prompt=lambda i: f"What is the capital of {CAPITALS[i][0]}?",
+        report=lambda i, rid: {
+            "score": 0.0,
+            "feedback": {"text": "Only the city, please.", "correction": CAPITALS[i][1]},
+        },
+        model=args.model,
+        max_tokens=16,
+        temperature=0,
+    )
+
+
+def _instructions(srv: Server, out: dict[str, Any]) -> None:
+    """Two instructions against the same head (the second's head episodes cached): each one's
+    gate numbers and evaluation, and the ratio of their evaluation seconds."""
+    first = _job(srv, ASK)
+    second = _job(srv, "Do not write a full sentence: name the city.")
+    for name, job in (("instruct", first), ("instruct_again", second)):
+        gate = job["result"]["gate"]
+        out[name] = {
+            "wall_s": job["wall_s"],
+            "mean_head": gate["mean_head"],
+            "mean_candidate": gate["mean_candidate"],
+            "ratio": (gate["mean_candidate"] / gate["mean_head"]) if gate["mean_head"] else None,
+            "gate_advice": gate["reason"],
+            **job["result"]["evaluation"],
+        }
+    out["eval_seconds_ratio_cached_head"] = round(
+        second["result"]["evaluation"]["eval_seconds"]
+        / first["result"]["evaluation"]["eval_seconds"],
+        3,
+    )
+
+
+def _recipe_run(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
+    """`reef evolve --force` with the harness recipe on the same feedback: its time, exit code
+    and output tail, and the gate's numbers of the candidate it made, if any."""
+    started = time.monotonic()
+    cmd = [REEF, "evolve", "--scenario", S, "--force", "-c", str(srv.config_path)]
+    cmd += ["--model", args.model, "--state-dir", str(srv.state_dir)]
+    cmd += ["--port", str(srv.port)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    recipe: dict[str, Any] = {
+        "wall_s": round(time.monotonic() - started, 1),
+        "rc": done.returncode,
+        "result": done.stdout[-3000:],
+    }
+    cands = httpx.get(f"{srv.url}/reef/scenarios/{S}/candidates").json()["data"]
+    recipe_cands = [c for c in cands if c["recipe"] == "harness"]
+    if recipe_cands:
+        c = recipe_cands[0]
+        recipe["gate"] = c["gate"]
+        recipe["metrics"] = c["metrics"]
+    return recipe
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2")
@@ -93,56 +154,9 @@ def main() -> int:
         srv = Server(Path(tmp) / "state", args.model, config).start()
         try:
             srv.wait_for_log("evolve worker ready", 300)
-            traffic(
-                srv,
-                S,
-                args.questions,
-                prompt=lambda i: f"What is the capital of {CAPITALS[i][0]}?",
-                report=lambda i, rid: {
-                    "score": 0.0,
-                    "feedback": {"text": "Only the city, please.", "correction": CAPITALS[i][1]},
-                },
-                model=args.model,
-                max_tokens=16,
-                temperature=0,
-            )
-
-            first = _job(srv, ASK)
-            second = _job(srv, "Do not write a full sentence: name the city.")
-            for name, job in (("instruct", first), ("instruct_again", second)):
-                gate = job["result"]["gate"]
-                out[name] = {
-                    "wall_s": job["wall_s"],
-                    "mean_head": gate["mean_head"],
-                    "mean_candidate": gate["mean_candidate"],
-                    "ratio": (gate["mean_candidate"] / gate["mean_head"])
-                    if gate["mean_head"]
-                    else None,
-                    "gate_advice": gate["reason"],
-                    **job["result"]["evaluation"],
-                }
-            out["eval_seconds_ratio_cached_head"] = round(
-                second["result"]["evaluation"]["eval_seconds"]
-                / first["result"]["evaluation"]["eval_seconds"],
-                3,
-            )
-
-            started = time.monotonic()
-            cmd = [REEF, "evolve", "--scenario", S, "--force", "-c", str(srv.config_path)]
-            cmd += ["--model", args.model, "--state-dir", str(srv.state_dir)]
-            cmd += ["--port", str(srv.port)]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-            out["recipe"] = {
-                "wall_s": round(time.monotonic() - started, 1),
-                "rc": done.returncode,
-                "result": done.stdout[-3000:],
-            }
-            cands = httpx.get(f"{srv.url}/reef/scenarios/{S}/candidates").json()["data"]
-            recipe_cands = [c for c in cands if c["recipe"] == "harness"]
-            if recipe_cands:
-                c = recipe_cands[0]
-                out["recipe"]["gate"] = c["gate"]
-                out["recipe"]["metrics"] = c["metrics"]
+            _wrong_answers_reported(srv, args)
+            _instructions(srv, out)
+            out["recipe"] = _recipe_run(srv, args)
         finally:
             srv.stop()
     RESULTS.mkdir(exist_ok=True)

@@ -237,7 +237,7 @@ def _frame(frame: str) -> str:
     return f"{name} ({file})"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each")
@@ -270,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure what per-token quotas add (off vs on, --low connections)",
     )
     p.add_argument("--quota-rounds", type=int, default=2, help="off/on rounds, alternated")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install -y wrk)")
 
@@ -309,35 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             result["reef_error"] = f"`reef serve --engine upstream` did not become ready:\n{tail}"
             return finish(result, args.out)
         print(f"reef serve on {reef_url} (pid {reef.pid}); measuring through it", flush=True)
-        counter = RecordCounter(args.database_url, state_dir)
-        wrk(reef_url, args.high, args.warmup)
-        for conns in (args.low, args.high):
-            before = counter.count()
-            spy = None
-            if args.py_spy and conns == args.high:
-                raw = state_dir / "py-spy.txt"
-                spy_cmd = [args.py_spy, "record", "-p", str(reef.pid), "-r", "250", "--nonblocking"]
-                spy_cmd += ["-d", f"{args.duration:g}", "-f", "raw", "-o", str(raw)]
-                spy = subprocess.Popen(
-                    spy_cmd,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            run = measured(reef_url, conns, args.duration, reef.pid)
-            run["records"] = counter.count() - before
-            # wrk stops with requests in flight: Reef may have recorded answers wrk never read,
-            # so records may exceed the 200s by up to the connection count, never fall short.
-            run["records_missing"] = max(0, run["ok"] - run["records"])
-            run["records_unread"] = max(0, run["records"] - run["ok"])
-            run["receipts_missing"] = run["ok"] - run["receipts"]
-            result["reef"][str(conns)] = run
-            if spy is not None:
-                _, err = spy.communicate(timeout=args.duration + 30)
-                if spy.returncode == 0 and (state_dir / "py-spy.txt").exists():
-                    result["profile"] = py_spy_summary(state_dir / "py-spy.txt")
-                else:
-                    result["profile_error"] = err.strip()[-500:]
+        measure_through_reef(args, reef, reef_url, state_dir, result)
         if args.quotas and args.quota_rounds > 0:
             result["quotas"] = quota_arms(args, echo_port, procs)
         if args.shadow and args.shadow_rounds > 0:  # 0 rounds: the plain comparison only
@@ -348,14 +324,63 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(shadow_dir, ignore_errors=True)
         return finish(result, args.out)
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_all(procs)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def measure_through_reef(
+    args: argparse.Namespace,
+    reef: subprocess.Popen[Any],
+    reef_url: str,
+    state_dir: Path,
+    result: dict[str, Any],
+) -> None:
+    """wrk through Reef at --low and --high connections, each run with the records it left
+    (and, with --py-spy, a profile of Reef during the --high run) in result["reef"]."""
+    counter = RecordCounter(args.database_url, state_dir)
+    wrk(reef_url, args.high, args.warmup)
+    for conns in (args.low, args.high):
+        before = counter.count()
+        spy = None
+        if args.py_spy and conns == args.high:
+            spy = start_py_spy(args, reef.pid, state_dir / "py-spy.txt")
+        run = measured(reef_url, conns, args.duration, reef.pid)
+        run["records"] = counter.count() - before
+        # wrk stops with requests in flight: Reef may have recorded answers wrk never read,
+        # so records may exceed the 200s by up to the connection count, never fall short.
+        run["records_missing"] = max(0, run["ok"] - run["records"])
+        run["records_unread"] = max(0, run["records"] - run["ok"])
+        run["receipts_missing"] = run["ok"] - run["receipts"]
+        result["reef"][str(conns)] = run
+        if spy is not None:
+            _, err = spy.communicate(timeout=args.duration + 30)
+            if spy.returncode == 0 and (state_dir / "py-spy.txt").exists():
+                result["profile"] = py_spy_summary(state_dir / "py-spy.txt")
+            else:
+                result["profile_error"] = err.strip()[-500:]
+
+
+def start_py_spy(args: argparse.Namespace, pid: int, raw: Path) -> subprocess.Popen[str]:
+    """py-spy sampling process `pid` for one measured run, raw output to `raw`."""
+    spy_cmd = [args.py_spy, "record", "-p", str(pid), "-r", "250", "--nonblocking"]
+    spy_cmd += ["-d", f"{args.duration:g}", "-f", "raw", "-o", str(raw)]
+    return subprocess.Popen(
+        spy_cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_all(procs: list[subprocess.Popen[Any]]) -> None:
+    """SIGTERM each process still running, newest first; SIGKILL one that outlives 30 s."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def start_reef(
@@ -572,7 +597,27 @@ def limiter_cost_us(calls: int = 3000) -> dict[str, float]:
 
 
 def finish(result: dict[str, Any], out: Path) -> int:
+    """Print the table and the verdicts, and write the result (with its verdict) as JSON."""
     direct, reef = result["direct"], result["reef"]
+    print_table(direct, reef)
+    verdict = reef_verdict(direct, reef) if reef else {}
+    print_arms(result)
+    if "reef_error" in result:
+        print(f"\nthrough Reef: not measured: {result['reef_error']}")
+    if "profile" in result:
+        print("\nReef process, py-spy self time (top 15):")
+        for row in result["profile"]["self"][:15]:
+            print(f"  {row['share'] * 100:5.1f}%  {row['function']}")
+    result["verdict"] = verdict
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"upstream_overhead-{result['at'].replace(':', '')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {path}")
+    return 0
+
+
+def print_table(direct: dict[str, Any], reef: dict[str, Any]) -> None:
+    """One row per measured run: direct, then through Reef, at each connection count."""
     rows = []
     for conns in direct:
         d = direct[conns]
@@ -592,37 +637,43 @@ def finish(result: dict[str, Any], out: Path) -> int:
             f"{r['p99_us'] / 1e3:>8.2f} {r['non_2xx']:>8} {records:>8} {missing:>8} "
             f"{r['server_cpu_us_per_request']:>10.0f} {r['loadavg_1m']:>5.1f}"
         )
-    verdict: dict[str, Any] = {}
-    if reef:
-        low, high = min(reef, key=int), max(reef, key=int)
-        added = (reef[low]["p50_us"] - direct[low]["p50_us"]) / 1e3
-        recorded_rps = min(reef[high]["ok"], reef[high]["records"]) / (
-            reef[high]["duration_us"] / 1e6
-        )
-        durable = all(
-            r["records_missing"] == 0 and r["receipts_missing"] == 0 and r["non_2xx"] == 0
-            for r in reef.values()
-        )
-        verdict = {
-            "added_p50_ms": round(added, 3),
-            "added_p50_ok": added <= TARGET_ADDED_P50_MS,
-            "recorded_rps": round(recorded_rps, 1),
-            "recorded_rps_ok": recorded_rps >= TARGET_RECORDED_RPS,
-            "every_200_durable": durable,
-            "ratio_rps": {c: round(reef[c]["rps"] / direct[c]["rps"], 4) for c in reef},
-            "ratio_p50": {c: round(reef[c]["p50_us"] / direct[c]["p50_us"], 2) for c in reef},
-        }
-        print()
-        print(
-            f"added p50 at {low} conn: {added:.2f} ms (target <= {TARGET_ADDED_P50_MS:g}) "
-            f"{'OK' if verdict['added_p50_ok'] else 'MISSED'}"
-        )
-        print(
-            f"recorded req/s at {high} conns: {recorded_rps:.0f} (target >= "
-            f"{TARGET_RECORDED_RPS:g}) {'OK' if verdict['recorded_rps_ok'] else 'MISSED'}"
-        )
-        print(f"every 200 had a receipt and a durable record: {durable}")
-        print(f"through-Reef / direct: req/s {verdict['ratio_rps']}, p50 {verdict['ratio_p50']}")
+
+
+def reef_verdict(direct: dict[str, Any], reef: dict[str, Any]) -> dict[str, Any]:
+    """The targets checked (added p50 at the fewest connections, recorded req/s at the most,
+    every 200 durable) and the through-Reef / direct ratios, printed and returned."""
+    low, high = min(reef, key=int), max(reef, key=int)
+    added = (reef[low]["p50_us"] - direct[low]["p50_us"]) / 1e3
+    recorded_rps = min(reef[high]["ok"], reef[high]["records"]) / (reef[high]["duration_us"] / 1e6)
+    durable = all(
+        r["records_missing"] == 0 and r["receipts_missing"] == 0 and r["non_2xx"] == 0
+        for r in reef.values()
+    )
+    verdict = {
+        "added_p50_ms": round(added, 3),
+        "added_p50_ok": added <= TARGET_ADDED_P50_MS,
+        "recorded_rps": round(recorded_rps, 1),
+        "recorded_rps_ok": recorded_rps >= TARGET_RECORDED_RPS,
+        "every_200_durable": durable,
+        "ratio_rps": {c: round(reef[c]["rps"] / direct[c]["rps"], 4) for c in reef},
+        "ratio_p50": {c: round(reef[c]["p50_us"] / direct[c]["p50_us"], 2) for c in reef},
+    }
+    print()
+    print(
+        f"added p50 at {low} conn: {added:.2f} ms (target <= {TARGET_ADDED_P50_MS:g}) "
+        f"{'OK' if verdict['added_p50_ok'] else 'MISSED'}"
+    )
+    print(
+        f"recorded req/s at {high} conns: {recorded_rps:.0f} (target >= "
+        f"{TARGET_RECORDED_RPS:g}) {'OK' if verdict['recorded_rps_ok'] else 'MISSED'}"
+    )
+    print(f"every 200 had a receipt and a durable record: {durable}")
+    print(f"through-Reef / direct: req/s {verdict['ratio_rps']}, p50 {verdict['ratio_p50']}")
+    return verdict
+
+
+def print_arms(result: dict[str, Any]) -> None:
+    """The quota and shadow arms' lines (or why they were not measured), when they ran."""
     quotas = result.get("quotas")
     if quotas and "error" in quotas:
         print(f"\nquotas: not measured: {quotas['error']}")
@@ -649,18 +700,6 @@ def finish(result: dict[str, Any], out: Path) -> int:
             f"{TARGET_SHADOW_ADDED_P50_MS:g} ms) {'OK' if shadow['added_p50_ok'] else 'MISSED'}; "
             f"{shadow['copies_per_request']:.2f} copies stored per answered request"
         )
-    if "reef_error" in result:
-        print(f"\nthrough Reef: not measured: {result['reef_error']}")
-    if "profile" in result:
-        print("\nReef process, py-spy self time (top 15):")
-        for row in result["profile"]["self"][:15]:
-            print(f"  {row['share'] * 100:5.1f}%  {row['function']}")
-    result["verdict"] = verdict
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"upstream_overhead-{result['at'].replace(':', '')}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,10 +10,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reef.errors import ConfigError, ReefError
 from reef.settings import conceal, load_settings
+
+if TYPE_CHECKING:
+    # The subcommands of `reef`, as argparse adds them.
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -221,7 +225,22 @@ def rollout(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reef", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (
+        _serve_command,
+        _token_command,
+        _export_command,
+        _evolve_command,
+        _chain_commands,
+        _rollout_command,
+        _gc_command,
+        _openapi_command,
+    ):
+        add(sub)
+    return p
 
+
+def _serve_command(sub: Subcommands) -> None:
+    """`reef serve`: the server, its engine and where it keeps its state."""
     s = sub.add_parser("serve", help="serve the OpenAI/Anthropic API and record every call")
     s.add_argument("-c", "--config", type=Path, help="YAML settings file")
     s.add_argument("--host", help="bind address (default 127.0.0.1; non-loopback needs tokens)")
@@ -239,6 +258,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--access-log", action="store_true", help="log every request")
     s.set_defaults(func=serve)
 
+
+def _token_command(sub: Subcommands) -> None:
+    """`reef token`: an API token for the admin or for some scenarios."""
     t = sub.add_parser("token", help="make an API token and the hash to put in the config")
     t.add_argument("--name", required=True)
     g = t.add_mutually_exclusive_group(required=True)
@@ -246,6 +268,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--scenario", action="append", help="a scenario it may use (repeatable)")
     t.set_defaults(func=token)
 
+
+def _export_command(sub: Subcommands) -> None:
+    """`reef export`: a scenario's experience written to a file or a directory."""
     e = sub.add_parser("export", help="export a scenario's sessions, feedback and release ids")
     e.add_argument("--scenario", required=True)
     e.add_argument("--output", required=True, type=Path, help=".jsonl, .parquet, or a directory")
@@ -261,6 +286,9 @@ def parser() -> argparse.ArgumentParser:
     )
     e.set_defaults(func=export)
 
+
+def _evolve_command(sub: Subcommands) -> None:
+    """`reef evolve`: one evolve run now, from the scenario's eligible experience."""
     v = sub.add_parser("evolve", help="evolve a scenario now from its eligible experience")
     v.add_argument("--scenario", required=True)
     v.add_argument("-c", "--config", type=Path, help="YAML settings file (as for reef serve)")
@@ -271,6 +299,9 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--force", action="store_true", help="run locally even below batch_size")
     v.set_defaults(func=evolve)
 
+
+def _chain_commands(sub: Subcommands) -> None:
+    """`reef releases|rollback|promote`: a running server's release chain."""
     for name, what in (
         ("releases", "list a scenario's releases, newest first (* = head)"),
         ("rollback", "republish an earlier release as the head"),
@@ -285,6 +316,9 @@ def parser() -> argparse.ArgumentParser:
         r.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
         r.set_defaults(func=releases if name == "releases" else move_head)
 
+
+def _rollout_command(sub: Subcommands) -> None:
+    """`reef rollout`: a scenario's live canary, shadow or A/B split."""
     ro = sub.add_parser(
         "rollout", help="a scenario's live canary, shadow or A/B split: status, promote or abort"
     )
@@ -297,6 +331,9 @@ def parser() -> argparse.ArgumentParser:
     ro.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
     ro.set_defaults(func=rollout)
 
+
+def _gc_command(sub: Subcommands) -> None:
+    """`reef gc`: scenario deletions finished, then retention applied."""
     c = sub.add_parser(
         "gc",
         help="finish scenario deletions (their files and MLflow entries), then archive "
@@ -307,10 +344,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
     c.set_defaults(func=gc)
 
+
+def _openapi_command(sub: Subcommands) -> None:
+    """`reef openapi`: the HTTP API's OpenAPI spec."""
     o = sub.add_parser("openapi", help="print the HTTP API's OpenAPI spec")
     o.add_argument("-o", "--output", help="write to this file instead of stdout")
     o.set_defaults(func=openapi)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,12 +160,7 @@ def run(
     # trains 3-4x faster than two (measured: 2 SFT steps 6 s vs 16-27 s with the machine busy):
     # two OpenMP threads spin against the serving engine's and everyone else's.
     env = {"OMP_NUM_THREADS": str(train_threads)} if train_threads else {}
-    guard = None
-    if guard_max_drop is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        tasks = guard_tasks(state_dir / "guard-correct.jsonl")
-        guard = {"name": "correct", "dataset": str(tasks), "max_drop": guard_max_drop}
-        clock.say(f"gate guard 'correct': held-out reference answers, max drop {guard_max_drop}")
+    guard = correctness_guard(state_dir, guard_max_drop, clock)
     server = Server(state_dir, "smollm2", config(params, guard, max_tokens), env=env)
     steps: list[Step] = []
     try:
@@ -189,58 +184,14 @@ def run(
             f"correct {ok_base}/{len(HELD_OUT)}"
         )
         for n in range(1, rounds + 1):
-            if rate >= target:
+            if steps[-1].pass_rate >= target:
                 break
-            started = clock()
-            pool = [TRAIN[(BATCH * (n - 1) + i) % len(TRAIN)] for i in range(BATCH)]
-            answers = app.ask_each(pool)  # in order: the round's training order is fixed
-            ok = sum(int(a.score) for a in answers)
-            clock.say(f"round {n}: asked {BATCH} training questions, {ok}/{BATCH} kept to 5 words")
-            known = {c["release_id"] for c in app.candidates()}
-            for a in answers:
-                app.report(a)
-            reported = clock()
-            clock.say(f"round {n}: reported {BATCH} ({BATCH - ok} with a correction)")
-            moved = wait_for_release(app, server, head["release_id"], clock, round_timeout_s, known)
-            evolve_s = clock() - reported
-            refused = moved.get("rejected")
-            if refused:
-                clock.say(f"round {n}: the gate refused the candidate: {refused}")
-            else:
-                head = moved
-                clock.say(f"round {n}: release {head['release_id']} is the head ({evolve_s:.1f}s)")
-            rate, passed, answers = measure(app, head["release_id"], clock)
-            step = Step(
-                n,
-                head["release_id"],
-                rate,
-                passed,
-                len(HELD_OUT),
-                clock() - started,
-                evolve_s,
-                clock(),
-                ok / BATCH,
-                right(answers),
-                refused,
+            step, answers = feedback_round(
+                app, server, n, steps[-1].release_id, clock, round_timeout_s
             )
             steps.append(step)
-            print(
-                f"== round {n:2d}  release {step.release_id}  pass rate {rate:4.0%} "
-                f"({passed}/{len(HELD_OUT)})  correct {step.correct}/{len(HELD_OUT)}  "
-                f"{step.seconds:5.1f}s  (total {step.elapsed:.1f}s)",
-                flush=True,
-            )
         app.close()
-        print("\nheld-out answers, base -> last release:", flush=True)
-        for before, after in list(zip(base_answers, answers, strict=True))[:6]:
-            keys = HELD_OUT_KEYS[HELD_OUT.index((before.question, before.reference))]
-            print(
-                f"  {before.question}\n    {before.text.strip()!r} ({int(before.score)}, "
-                f"{'right' if correct(before.text, keys) else 'wrong'})"
-                f"\n -> {after.text.strip()!r} ({int(after.score)}, "
-                f"{'right' if correct(after.text, keys) else 'wrong'})",
-                flush=True,
-            )
+        show_answers(base_answers, answers)
     finally:
         server.stop()
     reached = steps[-1].pass_rate >= target
@@ -252,6 +203,92 @@ def run(
         "\nlearning curve (held-out pass rate and correctness per release):\n" + table(steps),
         flush=True,
     )
+    logged = {"max_tokens": max_tokens, "target": target, "train_threads": train_threads}
+    publish_curve(steps, state_dir, server, clock, target, docs_png, {**logged, **params})
+    return steps
+
+
+def correctness_guard(state_dir: Path, max_drop: float | None, clock: Clock) -> dict | None:
+    """The gate guard on held-out correctness (None: no guard), its task set written first."""
+    if max_drop is None:
+        return None
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tasks = guard_tasks(state_dir / "guard-correct.jsonl")
+    clock.say(f"gate guard 'correct': held-out reference answers, max drop {max_drop}")
+    return {"name": "correct", "dataset": str(tasks), "max_drop": max_drop}
+
+
+def feedback_round(
+    app: App, server: Server, n: int, head_id: str, clock: Clock, round_timeout_s: float
+) -> tuple[Step, list[Answer]]:
+    """Round `n`: the training questions asked and reported, the release that follows (or the
+    gate's refusal, the head staying) measured on the held-out questions, and its answers."""
+    started = clock()
+    pool = [TRAIN[(BATCH * (n - 1) + i) % len(TRAIN)] for i in range(BATCH)]
+    answers = app.ask_each(pool)  # in order: the round's training order is fixed
+    ok = sum(int(a.score) for a in answers)
+    clock.say(f"round {n}: asked {BATCH} training questions, {ok}/{BATCH} kept to 5 words")
+    known = {c["release_id"] for c in app.candidates()}
+    for a in answers:
+        app.report(a)
+    reported = clock()
+    clock.say(f"round {n}: reported {BATCH} ({BATCH - ok} with a correction)")
+    moved = wait_for_release(app, server, head_id, clock, round_timeout_s, known)
+    evolve_s = clock() - reported
+    refused = moved.get("rejected")
+    if refused:
+        clock.say(f"round {n}: the gate refused the candidate: {refused}")
+    else:
+        head_id = moved["release_id"]
+        clock.say(f"round {n}: release {head_id} is the head ({evolve_s:.1f}s)")
+    rate, passed, answers = measure(app, head_id, clock)
+    step = Step(
+        n,
+        head_id,
+        rate,
+        passed,
+        len(HELD_OUT),
+        clock() - started,
+        evolve_s,
+        clock(),
+        ok / BATCH,
+        right(answers),
+        refused,
+    )
+    print(
+        f"== round {n:2d}  release {step.release_id}  pass rate {rate:4.0%} "
+        f"({passed}/{len(HELD_OUT)})  correct {step.correct}/{len(HELD_OUT)}  "
+        f"{step.seconds:5.1f}s  (total {step.elapsed:.1f}s)",
+        flush=True,
+    )
+    return step, answers
+
+
+def show_answers(base_answers: list[Answer], answers: list[Answer]) -> None:
+    """The first held-out answers of the base and of the last release, side by side."""
+    print("\nheld-out answers, base -> last release:", flush=True)
+    for before, after in list(zip(base_answers, answers, strict=True))[:6]:
+        keys = HELD_OUT_KEYS[HELD_OUT.index((before.question, before.reference))]
+        print(
+            f"  {before.question}\n    {before.text.strip()!r} ({int(before.score)}, "
+            f"{'right' if correct(before.text, keys) else 'wrong'})"
+            f"\n -> {after.text.strip()!r} ({int(after.score)}, "
+            f"{'right' if correct(after.text, keys) else 'wrong'})",
+            flush=True,
+        )
+
+
+def publish_curve(
+    steps: list[Step],
+    state_dir: Path,
+    server: Server,
+    clock: Clock,
+    target: float,
+    docs_png: Path | None,
+    params: dict,
+) -> None:
+    """The learning curve as a PNG (and in docs/ when asked), an MLflow run with `params`, and
+    the dashboard's figures."""
     png = plot(
         steps,
         state_dir / "learning-curve.png",
@@ -268,18 +305,11 @@ def run(
         SCENARIO,
         steps,
         png,
-        {
-            "batch_size": BATCH,
-            "max_tokens": max_tokens,
-            "target": target,
-            "train_threads": train_threads,
-            **params,
-        },
+        {"batch_size": BATCH, **params},
     )
     clock.say(f"MLflow: run {run_id} 'demo' in experiment reef/{SCENARIO} ({server.tracking_uri})")
     saved = save_figures(state_dir / "artifacts", SCENARIO, steps, "python -m demo")
     clock.say(f"dashboard figures: {', '.join(saved)} (the learning page of {SCENARIO})")
-    return steps
 
 
 def main(argv: list[str] | None = None) -> int:

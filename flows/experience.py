@@ -128,7 +128,7 @@ def materialize_experience(
     import mlflow
 
     from reef.settings import load_settings
-    from reef.tracking import log_snapshot_input, public_params
+    from reef.tracking import log_snapshot_input
 
     if database_url is None or artifacts_url is None or tracking_uri is None:
         settings = load_settings(config)
@@ -149,26 +149,14 @@ def materialize_experience(
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(f"reef/{scenario}")
     with mlflow.start_run(run_name=f"materialize-{kind}") as run:
-        mlflow.log_params(
-            public_params(
-                {
-                    "scenario": scenario,
-                    "kind": kind,
-                    "recipe": recipe,
-                    "max_staleness": max_staleness,
-                    "max_context": max_context,
-                    "snapshot_uri": snapshot.uri,
-                    "content_hash": snapshot.content_hash,
-                }
-            )
-        )
-        mlflow.log_metrics(
-            {
-                "rows": snapshot.rows,
-                "awaiting_feedback": experience.awaiting_feedback,
-                **{f"dropped_{reason}": n for reason, n in sorted(experience.dropped.items())},
-            }
-        )
+        asked = {
+            "scenario": scenario,
+            "kind": kind,
+            "recipe": recipe,
+            "max_staleness": max_staleness,
+            "max_context": max_context,
+        }
+        _log_materialized(snapshot, experience, asked)
         try:
             validate_snapshot(
                 snapshot,
@@ -188,6 +176,31 @@ def materialize_experience(
         "rows": snapshot.rows,
         "run_id": run.info.run_id,
     }
+
+
+def _log_materialized(snapshot: Snapshot, experience: Experience, asked: dict[str, Any]) -> None:
+    """In the run open now: what was asked and the snapshot made (parameters), and how many
+    rows it has, how many records await feedback and why samples were dropped (metrics)."""
+    import mlflow
+
+    from reef.tracking import public_params
+
+    mlflow.log_params(
+        public_params(
+            {
+                **asked,
+                "snapshot_uri": snapshot.uri,
+                "content_hash": snapshot.content_hash,
+            }
+        )
+    )
+    mlflow.log_metrics(
+        {
+            "rows": snapshot.rows,
+            "awaiting_feedback": experience.awaiting_feedback,
+            **{f"dropped_{reason}": n for reason, n in sorted(experience.dropped.items())},
+        }
+    )
 
 
 def _recipe_for(kind: str) -> str:

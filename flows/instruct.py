@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -18,6 +20,7 @@ from deploy.engine import EngineAdmin
 from flows.experience import materialize_snapshot
 from flows.harness import eval_tasks, evaluate, generator, head_harness, proposer
 from flows.release import gate, held_for_review, log_gate, register_harness
+from recipes.harness.episodes import PairedEvaluation
 from recipes.harness.propose import (
     apply_valid,
     instruction_messages,
@@ -28,15 +31,19 @@ from recipes.harness.propose import (
 from recipes.harness.recipe import HarnessParams, HarnessRecipe
 from reef.artifacts import artifacts_for
 from reef.errors import ReefError
+from reef.gate import Decision
 from reef.harness import Harness, diff
 from reef.provenance import Provenance
 from reef.recipe import recipe_class
-from reef.records import Release
+from reef.records import Candidate, Release
 from reef.settings import Settings, load_settings
 from reef.store.sql import open_store
 from reef.tracking import public_params
 
 log = logging.getLogger(__name__)
+
+# A step of the job, written where the user polls it: its name and details.
+Step = Callable[..., None]
 
 
 @flow(name="instruct")
@@ -51,7 +58,6 @@ def instruct(
     import mlflow
 
     from reef import registry
-    from reef.datasets import load
     from reef.recipe import load_recipe
 
     settings = load_settings(config, **(overrides or {}))
@@ -67,7 +73,6 @@ def instruct(
         ask = str(job.request["text"])
         recipe = load_recipe("harness", settings.reef.params if _harness_params(settings) else {})
         assert isinstance(recipe, HarnessRecipe)
-        p: HarnessParams = recipe.params
         head = store.head_release(scenario)
         current = head_harness(settings, head)
         experiment = registry.ensure_experiment(
@@ -78,70 +83,16 @@ def instruct(
             registry.s3_endpoint(settings.artifacts.s3_endpoint_url),
             mlflow.start_run(experiment_id=experiment, run_name="instruct") as run,
         ):
-            mlflow.log_params(
-                public_params(
-                    {
-                        "scenario": scenario,
-                        "job_id": job_id,
-                        "ask": ask[:500],
-                        "head_release_id": head.id,
-                        **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
-                    }
-                )
-            )
-            step("proposing", head_release_id=head.id, mode=p.instruct_mode)
-            admin = EngineAdmin.for_settings(settings)
-            try:
-                new, source = _instructed(admin, head, current, ask, p)
-                changes = diff(current, new)
-                mlflow.set_tag("reef.harness_source", source)
-                mlflow.log_dict(changes, "harness_diff.json")
-                mlflow.log_dict(dict(new.files), "harness_files.json")
-                step("proposed", source=source, diff=changes)
-                snapshot, _ = materialize_snapshot(
-                    settings.database_url,
-                    settings.artifacts_url,
-                    scenario,
-                    "scored",
-                    recipe="instruct",
-                    artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
-                )
-                rows = (
-                    load(artifacts_for(settings), snapshot.key).to_pylist() if snapshot.rows else []
-                )
-                tasks, scorer = eval_tasks(settings, recipe, rows)
-                tasks = tasks[: p.max_examples]
-                step("evaluating", tasks=len(tasks), repeats=p.repeats)
-                generate = generator(admin, scenario, head.id, p)
-                result = evaluate(settings, generate, tasks, scorer, new, current, head, p)
-            finally:
-                admin.close()
-            decision = held_for_review(
-                gate(result.candidate, result.head, settings),
-                "an instruction's candidate waits for review (promote it to release it)",
-            )
-            step(
-                "evaluated",
-                **result.metrics(),
-                mean_candidate=decision.mean_candidate,
-                mean_head=decision.mean_head,
-            )
-            metrics = {**result.metrics(), **decision.metrics()}
-            log_gate(decision, result.__dict__, metrics)
-            made = Provenance(
-                recipe="instruct",
-                dataset_id=snapshot.content_hash if snapshot.rows else None,
-                metrics=metrics,
-                run_id=run.info.run_id,
-            )
-            candidate = register_harness(settings, head, new, decision, made).candidate
+            _log_params(job_id, ask, head, recipe)
+            trial = _try_instruction(settings, recipe, head, current, ask, step)
+            candidate, decision = _hold_for_review(settings, head, trial, run.info.run_id, step)
         out = {
             "candidate_id": candidate.id,
             "status": candidate.status,
-            "source": source,
-            "diff": changes,
+            "source": trial.source,
+            "diff": trial.changes,
             "gate": decision.as_dict(),
-            "evaluation": result.metrics(),
+            "evaluation": trial.result.metrics(),
             "model_uri": candidate.model_uri,
             "run_id": run.info.run_id,
         }
@@ -162,6 +113,101 @@ def instruct(
         raise
     finally:
         store.close()
+
+
+def _log_params(job_id: str, ask: str, head: Release, recipe: HarnessRecipe) -> None:
+    """What the run was asked, on which head, with which recipe parameters."""
+    import mlflow
+
+    mlflow.log_params(
+        public_params(
+            {
+                "scenario": head.scenario,
+                "job_id": job_id,
+                "ask": ask[:500],
+                "head_release_id": head.id,
+                **{f"params.{k}": v for k, v in recipe.describe()["params"].items()},
+            }
+        )
+    )
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """The harness an ask made and how it did against the head's."""
+
+    new: Harness
+    source: str  # "proposer" or "rule" (see _instructed)
+    changes: dict[str, Any]  # diff(head's harness, new)
+    dataset_id: str | None  # the scored snapshot evaluated on (None when it had no rows)
+    result: PairedEvaluation
+
+
+def _try_instruction(
+    settings: Settings,
+    recipe: HarnessRecipe,
+    head: Release,
+    current: Harness,
+    ask: str,
+    step: Step,
+) -> _Trial:
+    """Propose the change the ask makes to the head's harness, then evaluate it against the
+    head on the scored snapshot (or the configured tasks), in the run open now."""
+    import mlflow
+
+    from reef.datasets import load
+
+    p: HarnessParams = recipe.params
+    step("proposing", head_release_id=head.id, mode=p.instruct_mode)
+    admin = EngineAdmin.for_settings(settings)
+    try:
+        new, source = _instructed(admin, head, current, ask, p)
+        changes = diff(current, new)
+        mlflow.set_tag("reef.harness_source", source)
+        mlflow.log_dict(changes, "harness_diff.json")
+        mlflow.log_dict(dict(new.files), "harness_files.json")
+        step("proposed", source=source, diff=changes)
+        snapshot, _ = materialize_snapshot(
+            settings.database_url,
+            settings.artifacts_url,
+            head.scenario,
+            "scored",
+            recipe="instruct",
+            artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
+        )
+        rows = load(artifacts_for(settings), snapshot.key).to_pylist() if snapshot.rows else []
+        tasks, scorer = eval_tasks(settings, recipe, rows)
+        tasks = tasks[: p.max_examples]
+        step("evaluating", tasks=len(tasks), repeats=p.repeats)
+        generate = generator(admin, head.scenario, head.id, p)
+        result = evaluate(settings, generate, tasks, scorer, new, current, head, p)
+    finally:
+        admin.close()
+    dataset_id = snapshot.content_hash if snapshot.rows else None
+    return _Trial(new, source, changes, dataset_id, result)
+
+
+def _hold_for_review(
+    settings: Settings, head: Release, trial: _Trial, run_id: str, step: Step
+) -> tuple[Candidate, Decision]:
+    """The gate's decision on the trial, logged, and the candidate registered with it: held
+    for review whatever the gate said (an instruction is released by a person)."""
+    decision = held_for_review(
+        gate(trial.result.candidate, trial.result.head, settings),
+        "an instruction's candidate waits for review (promote it to release it)",
+    )
+    step(
+        "evaluated",
+        **trial.result.metrics(),
+        mean_candidate=decision.mean_candidate,
+        mean_head=decision.mean_head,
+    )
+    metrics = {**trial.result.metrics(), **decision.metrics()}
+    log_gate(decision, trial.result.__dict__, metrics)
+    made = Provenance(
+        recipe="instruct", dataset_id=trial.dataset_id, metrics=metrics, run_id=run_id
+    )
+    return register_harness(settings, head, trial.new, decision, made).candidate, decision
 
 
 def _harness_params(settings: Settings) -> bool:

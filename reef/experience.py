@@ -43,7 +43,7 @@ import hashlib
 import itertools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -291,6 +291,33 @@ def _sample_id(record_ids: Sequence[str]) -> str:
 
 
 # collecting -------------------------------------------------------------------------------
+def _release_seqs(store: Store, scenario: str) -> tuple[dict[str, int], int]:
+    """The chain position of every release a record can have been made on, and the head's."""
+    chain = store.list_releases(scenario)
+    scenario_row = store.get_scenario(scenario)
+    seq_of = {r.id: r.seq for r in chain}
+    head_seq = seq_of.get(scenario_row.head_release_id, max(seq_of.values(), default=0))
+    # A canary serves before it is on the chain, and a rolled-back one never gets there: its
+    # records count as made on the release it was made on (a promoted one is on the chain).
+    for status in ("canary", "rolled_back"):
+        for served in store.list_candidates(scenario, status):
+            if served.parent_id in seq_of:
+                seq_of[served.id] = seq_of[served.parent_id]
+    return seq_of, head_seq
+
+
+def _by_receipts(by_record: Mapping[str, list[Report]]) -> dict[tuple[str, ...], list[Report]]:
+    """The reports grouped by the exact set of receipts they quote: one group, one sample."""
+    groups: dict[tuple[str, ...], list[Report]] = {}
+    for reps in by_record.values():
+        for rep in reps:
+            key = tuple(sorted(set(rep.references)))
+            lst = groups.setdefault(key, [])
+            if all(r.id != rep.id for r in lst):
+                lst.append(rep)
+    return groups
+
+
 def collect(
     store: Store,
     scenario: str,
@@ -304,28 +331,11 @@ def collect(
     """The scenario's experience for `kind`, as `recipe` (whose consumption receipts count)
     would see it now. Reads only; `max_staleness=None` keeps samples of any age."""
     kind = check_kind(kind)
-    chain = store.list_releases(scenario)
-    scenario_row = store.get_scenario(scenario)
-    seq_of = {r.id: r.seq for r in chain}
-    head_seq = seq_of.get(scenario_row.head_release_id, max(seq_of.values(), default=0))
-    # A canary serves before it is on the chain, and a rolled-back one never gets there: its
-    # records count as made on the release it was made on (a promoted one is on the chain).
-    for status in ("canary", "rolled_back"):
-        for served in store.list_candidates(scenario, status):
-            if served.parent_id in seq_of:
-                seq_of[served.id] = seq_of[served.parent_id]
+    seq_of, head_seq = _release_seqs(store, scenario)
     consumed = store.consumed_record_ids(scenario, recipe)
 
     by_record = reports_by_record(store, scenario, page_size)
-    # Group the reports by the exact set of receipts they quote: one group, one sample.
-    groups: dict[tuple[str, ...], list[Report]] = {}
-    for reps in by_record.values():
-        for rep in reps:
-            key = tuple(sorted(set(rep.references)))
-            lst = groups.setdefault(key, [])
-            if all(r.id != rep.id for r in lst):
-                lst.append(rep)
-
+    groups = _by_receipts(by_record)
     wanted = {rec.id: rec for rec in store.get_records(scenario, by_record)}
     del by_record
     awaiting = store.count_awaiting_feedback(scenario, recipe)

@@ -88,10 +88,17 @@ def _state_hash(call: Call, response: dict[str, Any], answer: dict[str, Any]) ->
 
 @dataclass(frozen=True)
 class _Session:
-    session_id: str
-    turn: int
+    """Where a call goes in its session (None for a replayed record stored without one)."""
+
+    session_id: str | None
+    turn: int | None
     parent_id: str | None = None
     claim: str | None = None
+
+    @classmethod
+    def of(cls, record: Record) -> _Session:
+        """The place a stored record was given."""
+        return cls(record.session_id, record.turn, record.parent_id)
 
 
 # A claim on a parent left behind by a stream whose body never started (and whose cleanup
@@ -230,9 +237,8 @@ class Serving:
         """A call ready for `complete` or `open_stream`, placed in its session; or, for a
         retried Idempotency-Key, a call whose `replay` is the stored record to answer with.
         `native`: a Responses body passed through unchanged (`passes_responses_through`), so
-        no variant and no harness is put into it.
-
-        Raises IdempotencyKeyReused (409) when the key names a different request body.
+        no variant and no harness is put into it. Raises IdempotencyKeyReused (409) when the
+        key names a different request body.
         """
         record_id = new_id("rec")
         base_body = engine_body
@@ -261,34 +267,21 @@ class Serving:
             # Before the session lookup: records hash the conversation the engine saw, so the
             # next turn (injected the same way) continues it.
             engine_body, tags = await self._with_harness(scenario, engine_body, tags)
+        stored = None
         if idempotency_key is not None:
             stored = await self._take_key(
                 scenario.name, route, idempotency_key, client_body, record_id
             )
-            if stored is not None:
-                return Call(
-                    scenario,
-                    route,
-                    client_body,
-                    engine_body,
-                    tags,
-                    stored.id,
-                    stored.session_id,
-                    stored.turn,
-                    stored.parent_id,
-                    idempotency_key,
-                    replay=stored,
-                    native=native,
-                    base_body=base_body,
-                    arm=arm,
+        if stored is not None:  # a retried key: the stored record answers, in its own place
+            record_id, place = stored.id, _Session.of(stored)
+        else:
+            try:
+                place = await self._session(
+                    scenario.name, engine_body.get("messages") or [], session_id, record_id
                 )
-        try:
-            session = await self._session(
-                scenario.name, engine_body.get("messages") or [], session_id, record_id
-            )
-        except BaseException:
-            self._release_key(scenario.name, route, idempotency_key, record_id, None)
-            raise
+            except BaseException:
+                self._release_key(scenario.name, route, idempotency_key, record_id, None)
+                raise
         return Call(
             scenario,
             route,
@@ -296,14 +289,15 @@ class Serving:
             engine_body,
             tags,
             record_id,
-            session.session_id,
-            session.turn,
-            session.parent_id,
+            place.session_id,
+            place.turn,
+            place.parent_id,
             idempotency_key,
-            session.claim,
+            place.claim,
+            replay=stored,
             native=native,
             base_body=base_body,
-            explicit_session=session_id is not None,
+            explicit_session=stored is None and session_id is not None,
             arm=arm,
         )
 

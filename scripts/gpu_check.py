@@ -157,6 +157,31 @@ def main() -> int:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    server = start_vllm(model_dir, port, work / "vllm.log")
+    try:
+        t0 = time.perf_counter()
+        with httpx.Client(base_url=url, timeout=300) as c:
+            wait_healthy(c, server, work / "vllm.log")
+            report["vllm_start_s"] = round(time.perf_counter() - t0, 1)
+            check_lora(c, work / "adapter", report)
+            check_nccl(c, url, work / "release", report)
+            check_reload(c, model_dir, report)
+            report["bytes"] = size
+    finally:
+        server.terminate()
+        server.wait(60)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+# A short greedy request, answered the same way twice by the same weights.
+CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+        "temperature": 0}  # fmt: skip
+
+
+def start_vllm(model_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """vLLM's OpenAI server on `model_dir` (served as "base"), with runtime LoRA loading and
+    NCCL weight transfer enabled; its output in `log_path`."""
     env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_SERVER_DEV_MODE": "1"}
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -164,62 +189,63 @@ def main() -> int:
         "--enable-lora", "--max-lora-rank", "16", "--gpu-memory-utilization", "0.5",
         "--max-model-len", "2048", "--weight-transfer-config", '{"backend": "nccl"}',
     ]  # fmt: skip
-    log = (work / "vllm.log").open("wb")
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        t0 = time.perf_counter()
-        with httpx.Client(base_url=url, timeout=300) as c:
-            while True:
-                if server.poll() is not None:
-                    raise SystemExit(f"vLLM exited: see {work / 'vllm.log'}")
-                try:
-                    if c.get("/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(1)
-            report["vllm_start_s"] = round(time.perf_counter() - t0, 1)
-            chat = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
-                    "temperature": 0}  # fmt: skip
+    log = log_path.open("wb")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
-            t0 = time.perf_counter()
-            c.post("/v1/load_lora_adapter",
-                   json={"lora_name": "gpu@lora", "lora_path": str(work / "adapter")}
-                   ).raise_for_status()  # fmt: skip
-            report["lora_load_s"] = round(time.perf_counter() - t0, 3)
-            c.post("/v1/chat/completions", json={**chat, "model": "gpu@lora"}).raise_for_status()
 
-            before = c.post("/v1/chat/completions", json={**chat, "model": "base"}).json()
-            t0 = time.perf_counter()
-            sync = subprocess.run(
-                [sys.executable, str(SYNC), "--url", url, "--checkpoint", str(work / "release"),
-                 "--version", "gpu@full"],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            if sync.returncode != 0:
-                raise SystemExit(f"NCCL sync failed:\n{sync.stdout}\n{sync.stderr}")
-            report["nccl"] = json.loads(sync.stdout.strip().splitlines()[-1])
-            report["nccl_total_s"] = round(time.perf_counter() - t0, 2)
-            report["nccl_vs_copy"] = round(report["nccl"]["gb_per_s"] / report["copy_gb_per_s"], 3)  # type: ignore[index]
-            report["weight_version"] = c.get("/weight_info").json()["weight_version"]
-            after = c.post("/v1/chat/completions", json={**chat, "model": "base"}).json()
-            report["answer_changed"] = (
-                before["choices"][0]["message"]["content"]
-                != after["choices"][0]["message"]["content"]
-            )
+def wait_healthy(c: httpx.Client, server: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Until the server answers /health (SystemExit if it exits first)."""
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"vLLM exited: see {log_path}")
+        try:
+            if c.get("/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
 
-            t0 = time.perf_counter()
-            c.post("/pause", params={"mode": "wait"}).raise_for_status()
-            c.post("/collective_rpc", json={"method": "reload_weights",
-                   "kwargs": {"weights_path": str(model_dir)}}).raise_for_status()  # fmt: skip
-            c.post("/resume").raise_for_status()
-            report["reload_s"] = round(time.perf_counter() - t0, 2)
-            report["bytes"] = size
-    finally:
-        server.terminate()
-        server.wait(60)
-    print(json.dumps(report, indent=2))
-    return 0
+
+def check_lora(c: httpx.Client, adapter: Path, report: dict[str, object]) -> None:
+    """The adapter loaded at run time (timed), then answering a request."""
+    t0 = time.perf_counter()
+    c.post("/v1/load_lora_adapter",
+           json={"lora_name": "gpu@lora", "lora_path": str(adapter)}
+           ).raise_for_status()  # fmt: skip
+    report["lora_load_s"] = round(time.perf_counter() - t0, 3)
+    c.post("/v1/chat/completions", json={**CHAT, "model": "gpu@lora"}).raise_for_status()
+
+
+def check_nccl(c: httpx.Client, url: str, release: Path, report: dict[str, object]) -> None:
+    """The full-weight release sent over NCCL by Reef's sender (timed, and its GB/s against
+    the device's copy bandwidth), and the base's answer changed by it."""
+    before = c.post("/v1/chat/completions", json={**CHAT, "model": "base"}).json()
+    t0 = time.perf_counter()
+    sync = subprocess.run(
+        [sys.executable, str(SYNC), "--url", url, "--checkpoint", str(release),
+         "--version", "gpu@full"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if sync.returncode != 0:
+        raise SystemExit(f"NCCL sync failed:\n{sync.stdout}\n{sync.stderr}")
+    report["nccl"] = json.loads(sync.stdout.strip().splitlines()[-1])
+    report["nccl_total_s"] = round(time.perf_counter() - t0, 2)
+    report["nccl_vs_copy"] = round(report["nccl"]["gb_per_s"] / report["copy_gb_per_s"], 3)  # type: ignore[index]
+    report["weight_version"] = c.get("/weight_info").json()["weight_version"]
+    after = c.post("/v1/chat/completions", json={**CHAT, "model": "base"}).json()
+    report["answer_changed"] = (
+        before["choices"][0]["message"]["content"] != after["choices"][0]["message"]["content"]
+    )
+
+
+def check_reload(c: httpx.Client, model_dir: Path, report: dict[str, object]) -> None:
+    """The original weights reloaded from disk while serving is paused (timed)."""
+    t0 = time.perf_counter()
+    c.post("/pause", params={"mode": "wait"}).raise_for_status()
+    c.post("/collective_rpc", json={"method": "reload_weights",
+           "kwargs": {"weights_path": str(model_dir)}}).raise_for_status()  # fmt: skip
+    c.post("/resume").raise_for_status()
+    report["reload_s"] = round(time.perf_counter() - t0, 2)
 
 
 def _count(f: Path) -> int:

@@ -621,6 +621,20 @@ def test_the_stream_of_text_then_a_tool_call() -> None:
         "arguments": '{"k":1}',
     }
     assert shown == [
+        *_text_streamed(msg_id),
+        *_call_streamed(fc_id),
+        *_both_done(msg_id, fc_id, message_done, call_done),
+    ]
+    assert events[0]["response"]["status"] == "in_progress"
+    assert final["output"] == [message_done, call_done]
+    assert final["status"] == "completed" and final["usage"]["total_tokens"] == 5
+    assert events[-1]["response"] is final
+
+
+def _text_streamed(msg_id: str) -> list[dict[str, Any]]:
+    """The events of the stream above up to its text: the response created, the message item
+    and its text part opened, the text's two deltas."""
+    return [
         {"type": "response.created"},
         {"type": "response.in_progress"},
         {
@@ -657,6 +671,12 @@ def test_the_stream_of_text_then_a_tool_call() -> None:
             "delta": "llo",
             "logprobs": [],
         },
+    ]
+
+
+def _call_streamed(fc_id: str) -> list[dict[str, Any]]:
+    """Then the function call item opened and its arguments' two deltas."""
+    return [
         {
             "type": "response.output_item.added",
             "output_index": 1,
@@ -681,6 +701,15 @@ def test_the_stream_of_text_then_a_tool_call() -> None:
             "output_index": 1,
             "delta": "1}",
         },
+    ]
+
+
+def _both_done(
+    msg_id: str, fc_id: str, message_done: dict[str, Any], call_done: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Then, at the end, each item closed in order (the text, its part, the message; the
+    arguments, the call) and the response completed."""
+    return [
         {
             "type": "response.output_text.done",
             "item_id": msg_id,
@@ -706,10 +735,6 @@ def test_the_stream_of_text_then_a_tool_call() -> None:
         {"type": "response.output_item.done", "output_index": 1, "item": call_done},
         {"type": "response.completed"},
     ]
-    assert events[0]["response"]["status"] == "in_progress"
-    assert final["output"] == [message_done, call_done]
-    assert final["status"] == "completed" and final["usage"]["total_tokens"] == 5
-    assert events[-1]["response"] is final
 
 
 def test_a_stream_cut_by_length_ends_incomplete() -> None:

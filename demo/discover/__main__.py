@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +33,7 @@ from demo.discover.harness import ArchiveStore, Config, Reef, StepResult, discov
 from demo.discover.sandbox import Limits, SandboxUnavailable, boundary_for
 from demo.discover.settings import load
 from demo.server import Server
-from reef.artifacts import open_artifacts
+from reef.artifacts import ArtifactStore, open_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 ARMS = ("ttt", "search", "random")
@@ -103,7 +104,7 @@ def table(runs: dict[str, list[StepResult]], baseline: float) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m demo.discover", description=__doc__)
     p.add_argument("--n", type=int, default=5, help="circles (default 5)")
     p.add_argument("--groups", type=int, default=2, help="G: groups per step")
@@ -135,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--s3-endpoint-url", help="an S3-compatible server for --archive-store")
     p.add_argument("--docs", action="store_true", help="also write docs/discover.png")
     p.add_argument("--json", action="store_true", help="one JSON line per finished step")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
     if not set(arms) <= set(ARMS):
@@ -144,19 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     if state_dir.parent.name == ".reef-demo" and not (state_dir.parent / ".gitignore").exists():
         (state_dir.parent / ".gitignore").write_text("*\n")
-    cfg = Config(
-        n=args.n,
-        groups=args.groups,
-        rollouts=args.rollouts,
-        steps=args.steps,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        limits=Limits(
-            wall_s=args.timeout,
-            allow_weak_sandbox=args.allow_weak_sandbox or load(args.config).allow_weak_sandbox,
-        ),
-        judges=min(2, os.cpu_count() or 1),
-    )
+    cfg = config(args)
     try:
         boundary = boundary_for(cfg.limits)  # before the server starts: no boundary, no run
     except SandboxUnavailable as e:
@@ -178,37 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         server_config(cfg, params, engine),
         env={"OMP_NUM_THREADS": "1"},  # the evolve worker trains on one thread
     )
-    runs: dict[str, list[StepResult]] = {}
-    baseline = 0.0
     artifacts = open_artifacts(
         args.archive_store or state_dir / "reef" / "artifacts", endpoint_url=args.s3_endpoint_url
     )
-
-    def check() -> None:
-        if "evolve failed" in server.log():
-            raise RuntimeError(f"the evolve worker failed:\n{server.log()[-6000:]}")
-
     try:
         server.start(timeout_s=600)
         say(f"reef serve on {server.url} (state {state_dir}, log {server.log_path})")
         say(f"programs run behind: {boundary}")
-        for arm in arms:
-            reef = Reef(server.url, f"discover-{arm}", args.model)
-            arm_dir = state_dir / arm
-            arm_cfg = replace(cfg, mode=arm)
-
-            def step_line(message: str, arm: str = arm, arm_dir: Path = arm_dir) -> None:
-                say(message)
-                if args.json and " step " in message:
-                    last = json.loads((arm_dir / "steps.jsonl").read_text().splitlines()[-1])
-                    print(json.dumps({"arm": arm, **last}), flush=True)
-
-            store = ArchiveStore(artifacts, reef.scenario)
-            try:
-                runs[arm] = discover(reef, arm_cfg, arm_dir, step_line, check, store)
-            finally:
-                reef.close()
-            baseline = json.loads((arm_dir / "archive.json").read_text())["states"][0]["reward"]
+        runs, baseline = run_arms(server, arms, args, cfg, state_dir, artifacts, say)
     finally:
         server.stop()
     summary = {
@@ -239,6 +210,61 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + table(runs, baseline), flush=True)
         say(f"best Σr per arm: {summary['best']}; plot {png}")
     return 0
+
+
+def config(args: argparse.Namespace) -> Config:
+    """The run's configuration from the command line (and the weak-sandbox opt-in of -c)."""
+    return Config(
+        n=args.n,
+        groups=args.groups,
+        rollouts=args.rollouts,
+        steps=args.steps,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        limits=Limits(
+            wall_s=args.timeout,
+            allow_weak_sandbox=args.allow_weak_sandbox or load(args.config).allow_weak_sandbox,
+        ),
+        judges=min(2, os.cpu_count() or 1),
+    )
+
+
+def run_arms(
+    server: Server,
+    arms: list[str],
+    args: argparse.Namespace,
+    cfg: Config,
+    state_dir: Path,
+    artifacts: ArtifactStore,
+    say: Callable[[str], None],
+) -> tuple[dict[str, list[StepResult]], float]:
+    """Each arm in its own scenario, one after the other: its steps' results, and the seeded
+    baseline's score (0.0 when no arm ran)."""
+    runs: dict[str, list[StepResult]] = {}
+    baseline = 0.0
+
+    def check() -> None:
+        if "evolve failed" in server.log():
+            raise RuntimeError(f"the evolve worker failed:\n{server.log()[-6000:]}")
+
+    for arm in arms:
+        reef = Reef(server.url, f"discover-{arm}", args.model)
+        arm_dir = state_dir / arm
+        arm_cfg = replace(cfg, mode=arm)
+
+        def step_line(message: str, arm: str = arm, arm_dir: Path = arm_dir) -> None:
+            say(message)
+            if args.json and " step " in message:
+                last = json.loads((arm_dir / "steps.jsonl").read_text().splitlines()[-1])
+                print(json.dumps({"arm": arm, **last}), flush=True)
+
+        store = ArchiveStore(artifacts, reef.scenario)
+        try:
+            runs[arm] = discover(reef, arm_cfg, arm_dir, step_line, check, store)
+        finally:
+            reef.close()
+        baseline = json.loads((arm_dir / "archive.json").read_text())["states"][0]["reward"]
+    return runs, baseline
 
 
 if __name__ == "__main__":

@@ -178,13 +178,7 @@ def train_grid(
     lora = LoraParams(p.lora_r, p.lora_alpha, p.lora_dropout, p.lora_target_modules)
     policy, tokenizer = load_policy(job, lora)
     params = [q for q in policy.parameters() if q.requires_grad]
-    opt = torch.optim.Adam(
-        params,
-        lr=p.learning_rate,
-        betas=(p.adam_beta1, p.adam_beta2),
-        eps=p.adam_eps,
-        weight_decay=0.0,
-    )
+    opt = _optimizer(params, p)
     continued = _load_optimizer(opt, job.parent_path)
     policy.train()
     train = sorted(adv)
@@ -220,18 +214,7 @@ def train_grid(
     opt.step()
 
     kind = save_candidate(policy, tokenizer, job)
-    state = job.out_dir / STATE_DIR
-    state.mkdir(parents=True, exist_ok=True)
-    torch.save(opt.state_dict(), state / OPTIMIZER_FILE)
-    best = best_so_far(job.parent_path, rollouts, step)
-    metadata: dict[str, Any] = {}
-    if best is not None:
-        metadata = best_metadata(best)
-        (state / BEST_FILE).write_text(json.dumps(best, indent=2) + "\n")
-        (state / PROGRAM_FILE).write_text(best["program"])
-        metrics["tttd_best_reward"] = float(best["reward"])
-        metrics["tttd_best_step"] = float(best["step"])
-        _log_best(best)
+    metadata = _save_state(job, opt, rollouts, step, metrics)
     metrics |= {
         "train_step": float(step),
         "train_loss": loss_sum,
@@ -250,6 +233,42 @@ def train_grid(
         trained_sample_ids=tuple(r["sample_id"] for r in rows),
         metadata=metadata,
     )
+
+
+def _optimizer(params: list[torch.nn.Parameter], p: TTTDParams) -> torch.optim.Adam:
+    """Adam over the adapter's parameters, as the recipe's params set it (no weight decay)."""
+    return torch.optim.Adam(
+        params,
+        lr=p.learning_rate,
+        betas=(p.adam_beta1, p.adam_beta2),
+        eps=p.adam_eps,
+        weight_decay=0.0,
+    )
+
+
+def _save_state(
+    job: TrainJob,
+    opt: torch.optim.Optimizer,
+    rollouts: list[GridRollout],
+    step: int,
+    metrics: dict[str, float],
+) -> dict[str, Any]:
+    """The release's tttd/ state: the optimizer's moments (the next step continues them) and
+    the best program so far (the parent's or this grid's), whose score goes into `metrics`;
+    the release's metadata."""
+    state = job.out_dir / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    torch.save(opt.state_dict(), state / OPTIMIZER_FILE)
+    best = best_so_far(job.parent_path, rollouts, step)
+    if best is None:
+        return {}
+    metadata = best_metadata(best)
+    (state / BEST_FILE).write_text(json.dumps(best, indent=2) + "\n")
+    (state / PROGRAM_FILE).write_text(best["program"])
+    metrics["tttd_best_reward"] = float(best["reward"])
+    metrics["tttd_best_step"] = float(best["step"])
+    _log_best(best)
+    return metadata
 
 
 def _log_best(best: dict[str, Any]) -> None:

@@ -279,33 +279,11 @@ class EmbeddedEngine:
 
     def _load(self) -> Scheduler:
         """Load the base model and tokenizer; the scheduler that will own the model."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         started = time.monotonic()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-            # SDPA: torch's fused attention, the fastest exact kernel it has on CPU.
-            model = AutoModelForCausalLM.from_pretrained(
-                self.model_dir, dtype=self.dtype, attn_implementation="sdpa"
-            )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot load the model in {self.model_dir}: {exc}") from exc
-        if not tokenizer.chat_template:
-            raise ConfigError(f"model {self.model_dir} has no chat template")
-        model.eval()
+        tokenizer, model = _read_model(self.model_dir, self.dtype)
         packed = pack_linears(model, self._products) if self.options.packed_linear else 0
         config = model.config
-        # The batch keeps one plain KV cache per layer; sliding-window or linear-attention
-        # layers would need their own bookkeeping when rows join and leave.
-        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-        if layer_types != {"full_attention"}:
-            raise ConfigError(
-                f"the embedded engine serves full-attention models only; {self.model_dir} has "
-                f"layers of types {sorted(layer_types)}"
-            )
-        eos = {tokenizer.eos_token_id}
-        for source in (config.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-            eos.update(source if isinstance(source, list) else [source])
+        _require_full_attention(config, self.model_dir)
         self._pad_id = next(
             i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None
         )
@@ -330,27 +308,13 @@ class EmbeddedEngine:
         self._renderer = ChatRenderer(tokenizer)
         self._model = model
         self._base = Variant(self.model_id, model)
-        log.info(
-            "embedded engine loaded %s (%s, %s, %d packed linear layers) in %.1f s: context %d, "
-            "batch %d, prefill chunk %d%s%s, %d threads",
-            self.model_id,
-            self.model_dir,
-            str(self.dtype).removeprefix("torch."),
-            packed,
-            time.monotonic() - started,
-            self.max_context,
-            self.options.max_batch_size,
-            self.options.prefill_chunk_tokens,
-            " (fused with decode steps)" if fuse else "",
-            self._pacing(),
-            torch.get_num_threads(),
-        )
+        self._log_loaded(packed, fuse, time.monotonic() - started)
         o = self.options
         return Scheduler(
             model,
             model_id=self.model_id,
             max_batch_size=o.max_batch_size,
-            eos_ids=frozenset(i for i in eos if i is not None),
+            eos_ids=_eos_ids(tokenizer, model),
             pad_id=self._pad_id,
             token_text=TokenText(tokenizer),
             stats=self.stats,
@@ -360,6 +324,23 @@ class EmbeddedEngine:
             itl_target_s=o.itl_target_ms / 1000 if o.itl_target_ms else None,
             itl_headroom=o.itl_headroom,
             itl_max_wait_s=o.itl_max_wait_ms / 1000,
+        )
+
+    def _log_loaded(self, packed: int, fuse: bool, seconds: float) -> None:
+        log.info(
+            "embedded engine loaded %s (%s, %s, %d packed linear layers) in %.1f s: context %d, "
+            "batch %d, prefill chunk %d%s%s, %d threads",
+            self.model_id,
+            self.model_dir,
+            str(self.dtype).removeprefix("torch."),
+            packed,
+            seconds,
+            self.max_context,
+            self.options.max_batch_size,
+            self.options.prefill_chunk_tokens,
+            " (fused with decode steps)" if fuse else "",
+            self._pacing(),
+            torch.get_num_threads(),
         )
 
     def _pacing(self) -> str:
@@ -520,6 +501,46 @@ class EmbeddedEngine:
         # closed generator); for an unfinished request it tells the scheduler to drop the row.
         if not req.done:
             req.cancelled = True
+
+
+def _read_model(model_dir: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The tokenizer and the model (in eval mode) in `model_dir`; ConfigError when they cannot
+    be read or the tokenizer has no chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # SDPA: torch's fused attention, the fastest exact kernel it has on CPU.
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation="sdpa"
+        )
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load the model in {model_dir}: {exc}") from exc
+    if not tokenizer.chat_template:
+        raise ConfigError(f"model {model_dir} has no chat template")
+    model.eval()
+    return tokenizer, model
+
+
+def _require_full_attention(config: Any, model_dir: Path) -> None:
+    """The batch keeps one plain KV cache per layer; sliding-window or linear-attention layers
+    would need their own bookkeeping when rows join and leave."""
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ConfigError(
+            f"the embedded engine serves full-attention models only; {model_dir} has "
+            f"layers of types {sorted(layer_types)}"
+        )
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    """Every token that ends an answer: the tokenizer's, the config's and the generation
+    config's (each an id or a list of ids)."""
+    eos = {tokenizer.eos_token_id}
+    config = model.config
+    for source in (config.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        eos.update(source if isinstance(source, list) else [source])
+    return frozenset(i for i in eos if i is not None)
 
 
 def _render_pool() -> ThreadPoolExecutor:

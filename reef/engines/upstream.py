@@ -28,7 +28,7 @@ import orjson
 from reef.engines.base import CAPTURE_TOPK, Completion
 from reef.engines.chunks import assemble
 from reef.engines.defaults import sampling_record, with_defaults
-from reef.engines.http_client import ConnectionPool
+from reef.engines.http_client import ConnectionPool, Response
 from reef.errors import UpstreamError, UpstreamRejected
 
 if TYPE_CHECKING:
@@ -188,15 +188,7 @@ class UpstreamEngine:
             raise self._timed_out() from None
         except OSError as e:
             raise self._unreachable(e) from None
-        content_type = response.headers.get(b"content-type", b"")
-        if not content_type.startswith(b"text/event-stream"):
-            response.close()
-            raise UpstreamError(
-                f"upstream answered a stream request with {content_type.decode(errors='replace')!r}"
-                ", not an event stream",
-                code="upstream_invalid_response",
-            )
-
+        _require_event_stream(response)
         seen: list[dict[str, Any]] = []  # what the client got: the record assembles these
         prompt_ids: list[int] | None = None
         completion_ids: list[int] | None = None
@@ -242,29 +234,17 @@ class UpstreamEngine:
                     ttft_ms = (time.perf_counter() - t0) * 1e3
                 seen.append(chunk)
                 yield chunk
-        except TimeoutError:
-            raise UpstreamError(
-                f"upstream stream stalled: no data for {self.timeout_s:g}s after "
-                f"{len(seen)} chunks",
-                code="upstream_timeout",
-            ) from None
-        except OSError as e:
-            raise UpstreamError(
-                f"upstream stream broke after {len(seen)} chunks: {e}",
-                code="upstream_stream_broken",
-            ) from None
+        except OSError as e:  # TimeoutError included
+            raise self._stream_broke(e, f"{len(seen)} chunks") from None
         finally:
             await events.aclose()
             response.close()
-        timings = {"total_ms": (time.perf_counter() - t0) * 1e3}
-        if ttft_ms is not None:
-            timings["ttft_ms"] = ttft_ms
         yield Completion(
+            timings=_timings(t0, ttft_ms),  # first: the time taken, not the assembling after it
             response=assemble(seen),
             prompt_token_ids=prompt_ids,
             completion_token_ids=completion_ids,
             logprobs=logprobs,
-            timings=timings,
             topk=_topk_capture({"content": capture_entries}) if capture_entries else None,
             sampling=self._sampling(body),
         )
@@ -342,15 +322,8 @@ class UpstreamEngine:
                     ttft_ms = (time.perf_counter() - t0) * 1e3
                 sent += 1
                 yield event
-        except TimeoutError:
-            raise UpstreamError(
-                f"upstream stream stalled: no data for {self.timeout_s:g}s after {sent} events",
-                code="upstream_timeout",
-            ) from None
-        except OSError as e:
-            raise UpstreamError(
-                f"upstream stream broke after {sent} events: {e}", code="upstream_stream_broken"
-            ) from None
+        except OSError as e:  # TimeoutError included
+            raise self._stream_broke(e, f"{sent} events") from None
         finally:
             await events.aclose()
             response.close()
@@ -359,10 +332,7 @@ class UpstreamEngine:
                 f"upstream stream ended after {sent} events without its final response event",
                 code="upstream_stream_broken",
             )
-        timings = {"total_ms": (time.perf_counter() - t0) * 1e3}
-        if ttft_ms is not None:
-            timings["ttft_ms"] = ttft_ms
-        yield Completion(response=last, timings=timings)
+        yield Completion(response=last, timings=_timings(t0, ttft_ms))
 
     def _responses_payload(self, body: dict[str, Any], *, stream: bool) -> bytes:
         out = dict(body)
@@ -482,6 +452,18 @@ class UpstreamEngine:
             code="upstream_unreachable",
         )
 
+    def _stream_broke(self, e: OSError, sent: str) -> UpstreamError:
+        """An open stream that stalled (no data for timeout_s: a TimeoutError) or broke after
+        `sent` ("12 chunks", "3 events")."""
+        if isinstance(e, TimeoutError):
+            return UpstreamError(
+                f"upstream stream stalled: no data for {self.timeout_s:g}s after {sent}",
+                code="upstream_timeout",
+            )
+        return UpstreamError(
+            f"upstream stream broke after {sent}: {e}", code="upstream_stream_broken"
+        )
+
 
 async def decode_sse(pieces: AsyncGenerator[bytes, None]) -> AsyncGenerator[dict[str, Any], None]:
     """Server-sent events as they arrive, however the bytes are split: each `data:` payload
@@ -592,6 +574,27 @@ def _status_error(status: int, data: bytes) -> UpstreamError | UpstreamRejected:
     if 400 <= status < 500:
         return UpstreamRejected(message, status=status, code=code)
     return UpstreamError(f"upstream answered {status}: {message}")
+
+
+def _require_event_stream(response: Response) -> None:
+    """Close `response` and raise unless it is an event stream (what a stream request asked
+    for)."""
+    content_type = response.headers.get(b"content-type", b"")
+    if not content_type.startswith(b"text/event-stream"):
+        response.close()
+        raise UpstreamError(
+            f"upstream answered a stream request with {content_type.decode(errors='replace')!r}"
+            ", not an event stream",
+            code="upstream_invalid_response",
+        )
+
+
+def _timings(t0: float, ttft_ms: float | None) -> dict[str, float]:
+    """Completion.timings of a stream that began at `t0` (perf_counter) and ends now."""
+    timings = {"total_ms": (time.perf_counter() - t0) * 1e3}
+    if ttft_ms is not None:
+        timings["ttft_ms"] = ttft_ms
+    return timings
 
 
 def _stream_error(chunk: dict[str, Any], *, before_first: bool) -> UpstreamError | UpstreamRejected:

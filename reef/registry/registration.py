@@ -139,17 +139,14 @@ def _register(
     """Log `path` (+ reef_release.json) as a pyfunc LoggedModel, register it as a new version
     of ``reef-<scenario>``. Uses the client API throughout (no fluent, process-global state), so
     threads with different tracking URIs do not interfere."""
-    from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
-    from mlflow.models import Model
-    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
-    from mlflow.utils.time import get_current_time_millis
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
     name = model_name(scenario)
     release_id = meta["release_id"]
     client = mlflow_client(tracking_uri, registry_uri)
 
     own_run = run_id is None
-    if own_run:
+    if run_id is None:
         experiment_id = ensure_experiment(
             tracking_uri, experiment or f"reef/{scenario}", artifact_location
         )
@@ -171,54 +168,11 @@ def _register(
             params={k: str(v) for k, v in meta.items() if v is not None},
             model_type=meta["kind"],
         )
-        with tempfile.TemporaryDirectory(prefix="reef-register-") as tmp:
-            staged = _stage(path, meta, Path(tmp) / DATA_DIR)
-            local = Path(tmp) / "model"
-            mlflow_pyfunc().save_model(
-                path=str(local),
-                loader_module=LOADER_MODULE,
-                data_path=str(staged),
-                mlflow_model=Model(
-                    artifact_path=logged.artifact_location,
-                    model_uuid=logged.model_id,
-                    run_id=run_id,
-                    model_id=logged.model_id,
-                    metadata={"reef": meta},
-                ),
-                signature=_signature(),
-                # an example (without one MLflow warns); saving it runs nothing
-                input_example=(["Hello!"], {"max_new_tokens": 8}),
-                pip_requirements=_requirements(),
-            )
-            with s3_endpoint(s3_endpoint_url):
-                client.log_model_artifacts(logged.model_id, str(local))
+        _log_files(client, logged, run_id, path, meta, s3_endpoint_url)
         client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
-        if metrics:
-            now = get_current_time_millis()
-            client.log_batch(
-                run_id,
-                metrics=[
-                    Metric(k, float(v), now, 0, model_id=logged.model_id)
-                    for k, v in metrics.items()
-                ],
-            )
-
-        ensure_registered_model(client, name)
-        # Source is the artifact location, not "models:/<model_id>": MLflow's SQL registry
-        # resolves the latter through a client on the process-global tracking URI.
-        version = client.create_model_version(
-            name,
-            source=logged.artifact_location,
-            run_id=run_id,
-            tags=tags,
-            description=_description(meta, metrics),
-            model_id=logged.model_id,
-        )
-        client.set_logged_model_tags(
-            logged.model_id,
-            {MLFLOW_MODEL_VERSIONS: json.dumps([{"name": name, "version": version.version}])},
-        )
+        _log_metrics(client, run_id, logged.model_id, metrics)
+        version = _new_version(client, name, logged, run_id, tags, _description(meta, metrics))
     except BaseException:
         if logged is not None:
             _quietly(client.finalize_logged_model, logged.model_id, LoggedModelStatus.FAILED)
@@ -227,9 +181,83 @@ def _register(
         raise
     if own_run:
         client.set_terminated(run_id, "FINISHED")
-    uri = f"models:/{name}/{version.version}"
+    uri = f"models:/{name}/{version}"
     log.info("registered %s release %s as %s", meta["kind"], release_id, uri)
     return uri
+
+
+def _log_files(
+    client: Any,
+    logged: Any,
+    run_id: str,
+    path: Path | None,
+    meta: dict[str, Any],
+    s3_endpoint_url: str | None,
+) -> None:
+    """The release's files (staged with reef_release.json) saved as a pyfunc model and
+    uploaded as the LoggedModel's artifacts."""
+    from mlflow.models import Model
+
+    with tempfile.TemporaryDirectory(prefix="reef-register-") as tmp:
+        staged = _stage(path, meta, Path(tmp) / DATA_DIR)
+        local = Path(tmp) / "model"
+        mlflow_pyfunc().save_model(
+            path=str(local),
+            loader_module=LOADER_MODULE,
+            data_path=str(staged),
+            mlflow_model=Model(
+                artifact_path=logged.artifact_location,
+                model_uuid=logged.model_id,
+                run_id=run_id,
+                model_id=logged.model_id,
+                metadata={"reef": meta},
+            ),
+            signature=_signature(),
+            # an example (without one MLflow warns); saving it runs nothing
+            input_example=(["Hello!"], {"max_new_tokens": 8}),
+            pip_requirements=_requirements(),
+        )
+        with s3_endpoint(s3_endpoint_url):
+            client.log_model_artifacts(logged.model_id, str(local))
+
+
+def _log_metrics(client: Any, run_id: str, model_id: str, metrics: Mapping[str, float]) -> None:
+    """The candidate's metrics on the run, linked to its LoggedModel (nothing when none)."""
+    from mlflow.entities import Metric
+    from mlflow.utils.time import get_current_time_millis
+
+    if not metrics:
+        return
+    now = get_current_time_millis()
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0, model_id=model_id) for k, v in metrics.items()],
+    )
+
+
+def _new_version(
+    client: Any, name: str, logged: Any, run_id: str, tags: dict[str, str], description: str
+) -> str:
+    """A new version of the registered model `name` (created on first use) for the
+    LoggedModel, which is tagged with it in turn; the version number."""
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    ensure_registered_model(client, name)
+    # Source is the artifact location, not "models:/<model_id>": MLflow's SQL registry
+    # resolves the latter through a client on the process-global tracking URI.
+    version = client.create_model_version(
+        name,
+        source=logged.artifact_location,
+        run_id=run_id,
+        tags=tags,
+        description=description,
+        model_id=logged.model_id,
+    )
+    client.set_logged_model_tags(
+        logged.model_id,
+        {MLFLOW_MODEL_VERSIONS: json.dumps([{"name": name, "version": version.version}])},
+    )
+    return str(version.version)
 
 
 def _quietly(fn: Any, *args: Any) -> None:
@@ -276,6 +304,15 @@ def _candidate_files(path: str | Path, kind: str) -> Path:
     return src
 
 
+def _loaded_onto(src: Path, kind: str, base_model: str | Path | None) -> str | Path | None:
+    """The model a candidate is loaded onto: `base_model` when given; for an adapter, else, the
+    ``base_model_name_or_path`` of its adapter_config.json."""
+    if base_model is None and kind == "adapter":
+        config = json.loads((src / "adapter_config.json").read_text())
+        return config.get("base_model_name_or_path")
+    return base_model
+
+
 def register_candidate(
     tracking_uri: str,
     scenario: str,
@@ -308,11 +345,7 @@ def register_candidate(
     names the weights it is served with). Returns ``models:/reef-<scenario>/<version>``.
     """
     src = _candidate_files(path, kind)
-    base_model = provenance.base_model
-    if base_model is None and kind == "adapter":
-        base_model = json.loads((src / "adapter_config.json").read_text()).get(
-            "base_model_name_or_path"
-        )
+    base_model = _loaded_onto(src, kind, provenance.base_model)
     name = model_name(scenario)  # validates before anything is written
     existing = _existing(tracking_uri, scenario, release_id, content_hash, registry_uri)
     if existing is not None:

@@ -83,6 +83,37 @@ def test_the_script_installs_the_harness_and_the_provider(
 
     home, project = tmp_path / "home", tmp_path / "project"
     project.mkdir()
+    _home_with_the_agent(home, adapter)
+
+    out = _sh(script, home, project)
+    assert out.returncode == 0, out.stderr
+    assert f"installed release {release}" in out.stdout
+    rules, skill, prompt = (home / p for p in PLACES[adapter])
+    assert rules.read_text() == RULES and skill.read_text() == FILES["skills/cite/SKILL.md"]
+    assert prompt.read_text() == FILES["prompts/review.md"]
+    wrapper = (home / f".reef-{adapter}" / "bin" / agent.bin).read_text()
+    assert "REEF_SESSION=" in wrapper and "last-session" in wrapper
+    _assert_the_provider(adapter, home, wrapper, server.url, scenario)
+
+    # idempotent: a rerun says so and writes nothing
+    before = {p: p.stat().st_mtime_ns for p in home.rglob("*") if p.is_file()}
+    again = _sh(script, home, project)
+    assert again.returncode == 0 and "nothing new" in again.stdout, again.stdout + again.stderr
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    status = subprocess.run(
+        [str(home / f".reef-{adapter}" / "bin" / f"reef-{adapter}"), "status"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HOME": str(home)},
+        check=True,
+    )
+    assert json.loads(status.stdout)["release_id"] == release
+
+
+def _home_with_the_agent(home: Path, adapter: str) -> None:
+    """A HOME where the agent's pinned package is already in the install root (nothing to
+    fetch), and the user's own settings for the agent, which the script must keep."""
+    agent = AGENTS[adapter]
     prefix = home / f".reef-{adapter}" / "agent" / "node_modules"
     (prefix / agent.package).mkdir(parents=True)
     (prefix / agent.package / "package.json").write_text(json.dumps({"version": agent.version}))
@@ -105,14 +136,11 @@ def test_the_script_installs_the_harness_and_the_provider(
             json.dumps({"theme": "dark", "provider": {"other": {"name": "Other"}}})
         )
 
-    out = _sh(script, home, project)
-    assert out.returncode == 0, out.stderr
-    assert f"installed release {release}" in out.stdout
-    rules, skill, prompt = (home / p for p in PLACES[adapter])
-    assert rules.read_text() == RULES and skill.read_text() == FILES["skills/cite/SKILL.md"]
-    assert prompt.read_text() == FILES["prompts/review.md"]
-    wrapper = (home / f".reef-{adapter}" / "bin" / agent.bin).read_text()
-    assert "REEF_SESSION=" in wrapper and "last-session" in wrapper
+
+def _assert_the_provider(
+    adapter: str, home: Path, wrapper: str, server_url: str, scenario: str
+) -> None:
+    """Reef's provider in the agent's configuration (the user's settings kept) or wrapper."""
     if adapter == "codex":
         config = (home / ".codex" / "config.toml").read_text()
         assert config.startswith('model = "gpt-5"\n\n[tui]\nnotifications = true\n')
@@ -125,7 +153,7 @@ def test_the_script_installs_the_harness_and_the_provider(
         models = json.loads((home / ".pi" / "agent" / "models.json").read_text())
         assert models["providers"]["other"] == {"baseUrl": "http://elsewhere/v1"}
         reef = models["providers"]["reef"]
-        assert reef["baseUrl"] == f"{server.url}/v1" and reef["apiKey"] == "REEF_API_KEY"
+        assert reef["baseUrl"] == f"{server_url}/v1" and reef["apiKey"] == "REEF_API_KEY"
         assert reef["headers"] == {
             "x-reef-scenario": scenario,
             "x-reef-session-id": "REEF_SESSION",
@@ -136,30 +164,16 @@ def test_the_script_installs_the_harness_and_the_provider(
         config = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
         assert config["theme"] == "dark" and "other" in config["provider"]
         reef = config["provider"]["reef"]
-        assert reef["options"]["baseURL"] == f"{server.url}/v1"
+        assert reef["options"]["baseURL"] == f"{server_url}/v1"
         assert reef["options"]["headers"] == {
             "x-reef-scenario": scenario,
             "x-reef-session-id": "{env:REEF_SESSION}",
         }
         assert "tiny" in reef["models"]
     else:
-        assert f'ANTHROPIC_BASE_URL="{server.url}"' in wrapper
+        assert f'ANTHROPIC_BASE_URL="{server_url}"' in wrapper
         assert "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1" in wrapper
         assert f"x-reef-scenario: {scenario}" in wrapper
-
-    # idempotent: a rerun says so and writes nothing
-    before = {p: p.stat().st_mtime_ns for p in home.rglob("*") if p.is_file()}
-    again = _sh(script, home, project)
-    assert again.returncode == 0 and "nothing new" in again.stdout, again.stdout + again.stderr
-    assert {p: p.stat().st_mtime_ns for p in before} == before
-    status = subprocess.run(
-        [str(home / f".reef-{adapter}" / "bin" / f"reef-{adapter}"), "status"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HOME": str(home)},
-        check=True,
-    )
-    assert json.loads(status.stdout)["release_id"] == release
 
 
 @pytest.mark.parametrize("adapter", sorted(AGENTS))

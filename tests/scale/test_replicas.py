@@ -32,7 +32,15 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from reef.testing.fleet import AUTH, Fleet, LoadGenerator, MLflowServer, fleet_config, until_served
+from reef.testing.fleet import (
+    AUTH,
+    Fleet,
+    Load,
+    LoadGenerator,
+    MLflowServer,
+    fleet_config,
+    until_served,
+)
 from tests.flows.conftest import _PrefectServer
 from tests.flows.test_prefect_deployments import POOL, ROOT, _env, _prefect
 
@@ -161,6 +169,29 @@ def test_three_replicas_one_database(stack: dict[str, Any]) -> None:
     timings["rollback served everywhere"] = until_served(urls, S, rolled, BOUND_S)
 
     # 4. A harness with a script is held for review; two replicas promote it at once.
+    won = _promoted_at_once(urls)
+    timings["promote served everywhere"] = until_served(urls, S, won, BOUND_S)
+
+    # Every acknowledged receipt is readable, through a replica other than the one that gave it.
+    _receipts_read_elsewhere(urls, loads)
+    assert sum(len(load.all_receipts) for load in loads) >= 3 * BATCH
+
+    # No record was trained on twice: one training release, every consumption receipt its own.
+    chain, batches = _chain_and_batches(stack["database_url"])
+    training = [rid for rid, op in chain if op == "training"]
+    assert training == [trained], chain
+    assert [b[0] for b in batches] == [trained], batches
+    assert batches[0][1] == batches[0][2] >= BATCH
+
+    # MLflow's champion is the head.
+    champion = registry.champion(stack["tracking"], S)
+    assert champion is not None and champion[1] == won == _head(urls[2])
+    _print_numbers(timings, loads)
+
+
+def _promoted_at_once(urls: list[str]) -> str:
+    """A harness with a script, held for review, promoted by two replicas at once: exactly one
+    wins (201), the other gets 409; the release that won."""
     files = {"AGENTS.md": "Be brief.", "scripts/setup.sh": "#!/bin/sh\necho ready\n"}
     r = _post(urls[0], f"/reef/scenarios/{S}/harness", {"files": files})
     assert r.status_code == 202, r.text
@@ -175,9 +206,11 @@ def test_three_replicas_one_database(stack: dict[str, Any]) -> None:
         answers = list(pool.map(promote, urls[1:]))
     assert sorted(a.status_code for a in answers) == [201, 409], [a.text for a in answers]
     [won] = [a.json() for a in answers if a.status_code == 201]
-    timings["promote served everywhere"] = until_served(urls, S, won["release_id"], BOUND_S)
+    return str(won["release_id"])
 
-    # Every acknowledged receipt is readable, through a replica other than the one that gave it.
+
+def _receipts_read_elsewhere(urls: list[str], loads: list[Load]) -> None:
+    """No load was refused, and every receipt it got reads back through the next replica."""
     with httpx.Client(headers=AUTH, timeout=30) as http:
         for load in loads:
             assert not load.refused, load.refused[:5]
@@ -186,10 +219,12 @@ def test_three_replicas_one_database(stack: dict[str, Any]) -> None:
                 for rid in receipts:
                     got = http.get(f"{other}/reef/scenarios/{S}/records/{rid}")
                     assert got.status_code == 200, (rid, got.text)
-    assert sum(len(load.all_receipts) for load in loads) >= 3 * BATCH
 
-    # No record was trained on twice: one training release, every consumption receipt its own.
-    engine = sa.create_engine(stack["database_url"])
+
+def _chain_and_batches(database_url: str) -> tuple[list[Any], list[Any]]:
+    """The scenario's releases (id, operation) and its consumption batches (batch id, receipts,
+    distinct records), read from the database."""
+    engine = sa.create_engine(database_url)
     try:
         with engine.connect() as conn:
             chain = conn.execute(
@@ -204,15 +239,10 @@ def test_three_replicas_one_database(stack: dict[str, Any]) -> None:
             ).all()
     finally:
         engine.dispose()
-    training = [rid for rid, op in chain if op == "training"]
-    assert training == [trained], chain
-    assert [b[0] for b in batches] == [trained], batches
-    assert batches[0][1] == batches[0][2] >= BATCH
+    return list(chain), list(batches)
 
-    # MLflow's champion is the head.
-    champion = registry.champion(stack["tracking"], S)
-    assert champion is not None and champion[1] == won["release_id"] == _head(urls[2])
 
+def _print_numbers(timings: dict[str, float], loads: list[Load]) -> None:
     print(  # the numbers docs/scale.md quotes (pytest -s)
         yaml.safe_dump(
             {
