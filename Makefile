@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv bwrap vllm-venv test-vllm agents test-agents test-ui screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
+.PHONY: venv bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -79,6 +79,13 @@ test-loop: venv
 # a pool worker, all separate processes (tests/scale; 3-4 min on 2 cores, docs/scale.md).
 test-scale: venv
 	$(BIN)/pytest -m scale $(PYTEST_ARGS)
+
+# The HTTP API against its OpenAPI spec: schemathesis generates requests from docs/openapi.json
+# (valid and invalid ones), sends them to an in-process reef serve on the tiny model with tokens,
+# and checks every answer's status code, content type, headers and body against the spec
+# (50 s to 2 min on 2 cores, by their load).
+test-contract: venv
+	$(BIN)/pytest -m contract $(PYTEST_ARGS)
 
 # The dashboard in a real browser: Debian's Chromium (apt-get install chromium) driven by
 # Playwright, on a reef serve with its evolve worker (the operator's loop, ~2-4 min).

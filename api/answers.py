@@ -26,18 +26,6 @@ REPLAY = "x-reef-idempotent-replay"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def schema_ref(model: type) -> dict[str, Any]:
-    """openapi_extra for a route that reads its body itself: the body is `model`."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
-            },
-        }
-    }
-
-
 def receipt_headers(record: Record, replay: bool) -> dict[str, str]:
     headers = {RECEIPT: record.id, RELEASE: record.release_id}
     if replay:

@@ -14,7 +14,7 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 import reef
-from api import errors, ui
+from api import contract, errors, ui
 from api.evolver import Evolver
 from api.guard import BrowserGuard, allowed_hosts
 from api.metrics import MetricsMiddleware
@@ -34,37 +34,8 @@ from api.services import Services
 from reef.engines.base import Engine
 from reef.settings import Settings
 from reef.store.base import Store
-from reef.wire import (
-    AnthropicMessagesRequest,
-    ChatCompletionRequest,
-    LoadAdapterIn,
-    LoadWeightsIn,
-    RefreshIn,
-    ReleaseRef,
-    ReportIn,
-    ResponsesRequest,
-    ScenarioIn,
-    UnloadAdapterIn,
-    VariantIn,
-)
 
 log = logging.getLogger("reef.api")
-
-# Bodies the routes read themselves (size cap, strict validation, pass-through of unknown
-# fields); listed here so the OpenAPI spec still describes them.
-_REQUEST_MODELS = (
-    ChatCompletionRequest,
-    AnthropicMessagesRequest,
-    ResponsesRequest,
-    ReportIn,
-    ScenarioIn,
-    ReleaseRef,
-    LoadAdapterIn,
-    UnloadAdapterIn,
-    LoadWeightsIn,
-    VariantIn,
-    RefreshIn,
-)
 
 
 class _PlainRoute(Route):
@@ -139,15 +110,11 @@ def _routes(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's spec, plus the bodies the routes read themselves (_REQUEST_MODELS)."""
+    """FastAPI's spec, finished by api.contract (the bodies and headers the routes read
+    themselves, auth, every error answer)."""
     if app.openapi_schema is None:
         spec = get_openapi(
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
-        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-        for model in _REQUEST_MODELS:
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs", {}))
-            schemas[model.__name__] = schema
-        app.openapi_schema = spec
+        app.openapi_schema = contract.finish(spec, app.routes)
     return app.openapi_schema

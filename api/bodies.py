@@ -60,10 +60,19 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
 
 def validate(model: type[M], data: dict[str, Any]) -> M:
+    """`data` as `model`. An integer field sent as a whole number with a fraction part (6.0,
+    which JSON Schema counts as an integer) is set back into `data` as the int the model
+    took, so what is forwarded (and checked against caps) is the same number as an int."""
     try:
-        return model.model_validate(data)
+        validated = model.model_validate(data)
     except ValidationError as e:
         raise from_validation(e) from None
+    for key, value in data.items():
+        if type(value) is float:
+            taken = getattr(validated, key, value)
+            if type(taken) is int:
+                data[key] = taken
+    return validated
 
 
 _TAG_PREFIX = b"x-reef-tag-"

@@ -10,7 +10,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 # Whole-string patterns. Python code checks them with `fullmatch` (with `match`, `$` also matches
 # before a trailing newline); pydantic's `pattern` runs them with Rust's regex, where the anchors
@@ -19,9 +26,28 @@ SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
+def _whole(value: Any) -> Any:
+    """6.0 as 6: JSON has one number type, and JSON Schema's `integer` is any number with no
+    fraction. Strings, booleans and fractions stay errors."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# On an integer field of a wire model, after its constraints (before them, pydantic would write
+# them into the JSON schema under their own names): strict mode alone would refuse 6.0.
+WHOLE = BeforeValidator(_whole)
+
+
 class _Open(BaseModel):
     # strict: a string where a number belongs is an error, not a silent coercion
     model_config = ConfigDict(extra="allow", strict=True)
+
+
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    """An open model's config with request examples for the spec (Swagger's "Try it out"
+    starts from them)."""
+    return ConfigDict(extra="allow", strict=True, json_schema_extra={"examples": list(examples)})
 
 
 class _Closed(BaseModel):
@@ -39,18 +65,23 @@ class ChatMessage(_Open):
 class ChatCompletionRequest(_Open):
     """OpenAI `POST /v1/chat/completions` body."""
 
+    model_config = _examples(
+        {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16},
+        {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "stream": True},
+    )
+
     model: str
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     stream: bool = False
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1), WHOLE] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), WHOLE] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    n: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1), WHOLE] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[int, WHOLE] | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20), WHOLE] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -69,14 +100,18 @@ class AnthropicMessage(_Open):
 class AnthropicMessagesRequest(_Open):
     """Anthropic `POST /v1/messages` body."""
 
+    model_config = _examples(
+        {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}
+    )
+
     model: str
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)]
+    max_tokens: Annotated[int, Field(ge=1), WHOLE]
     system: str | list[dict[str, Any]] | None = None
     stream: bool = False
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=1)] | None = None
+    top_k: Annotated[int, Field(ge=1), WHOLE] | None = None
     stop_sequences: list[str] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
@@ -86,16 +121,18 @@ class AnthropicMessagesRequest(_Open):
 class ResponsesRequest(_Open):
     """OpenAI `POST /v1/responses` body (fields the engines cannot use are accepted)."""
 
+    model_config = _examples({"model": "smollm2", "input": "Hi", "max_output_tokens": 16})
+
     model: str
     input: str | list[Any] | None = None
     instructions: str | list[Any] | None = None
     previous_response_id: str | None = None
     store: bool = True
     stream: bool = False
-    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=1), WHOLE] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20), WHOLE] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -116,6 +153,18 @@ RESERVED_REPORT_ID_PREFIXES = ("judge_",)
 
 class ReportIn(_Closed):
     """`POST /reef/report`: feedback on one or more receipts of the caller's scenario."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        # what _says_something checks, for the spec
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["score"], "properties": {"score": {"type": "number"}}},
+                {"required": ["feedback"], "properties": {"feedback": {"not": {"type": "null"}}}},
+            ]
+        },
+    )
 
     report_id: Annotated[str, Field(pattern=ID_PATTERN)] | None = Field(
         None, description="idempotency key: same id and content → same answer; else 409"
@@ -211,7 +260,16 @@ class ReleaseRef(BaseModel):
 class HarnessIn(BaseModel):
     """A new harness for a scenario: all of its files, or edits to the head's harness."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # one of the two, not both (the route checks it)
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["files"], "properties": {"files": {"type": "object"}}},
+                {"required": ["edits"], "properties": {"edits": {"type": "array"}}},
+            ]
+        },
+    )
     files: dict[str, str] | None = Field(
         None, description="path -> text: the whole harness (replaces the head's)"
     )
@@ -409,3 +467,173 @@ class RolloutOut(BaseModel):
     )
     abort: str | None = Field(None, description="why the guardrail would abort it now")
     health: dict[str, Any] | None = None
+
+
+# --- errors and the answers of the inference routes (the OpenAPI spec's response schemas) ----
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(
+        description="invalid_request_error | authentication_error | permission_error | "
+        "not_found_error | conflict_error | rate_limit_error (or requests | tokens: the quota "
+        "at its limit) | server_error | upstream_error"
+    )
+    code: str | None = Field(None, description="a short machine-readable reason")
+    param: str | None = Field(None, description="the offending field, when one is")
+
+
+class ErrorOut(BaseModel):
+    """Every failure's body, in OpenAI's error shape. On /v1/messages it also carries
+    `"type": "error"`, which makes the same body parse as an Anthropic error."""
+
+    type: Literal["error"] | None = Field(None, description="/v1/messages only")
+    error: ErrorDetail
+
+
+class _Answer(BaseModel):
+    # What an engine or an upstream adds beyond these fields passes through to the client.
+    model_config = ConfigDict(extra="allow")
+
+
+class ChatChoice(_Answer):
+    index: int
+    message: dict[str, Any] = Field(
+        description="the assistant's message: role, content, tool_calls"
+    )
+    finish_reason: str | None
+
+
+class ChatCompletionOut(_Answer):
+    """OpenAI's `chat.completion`; with `stream: true` the answer is instead an SSE stream of
+    `chat.completion.chunk` objects ending with `data: [DONE]`."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: dict[str, Any] | None = None
+
+
+class AnthropicMessageOut(_Answer):
+    """Anthropic's Messages response; with `stream: true` the answer is instead its SSE event
+    stream (message_start … message_stop)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]] = Field(description="text and tool_use blocks")
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: dict[str, Any]
+
+
+class ResponseObject(_Answer):
+    """OpenAI's Responses `response` object; with `stream: true` the answer is instead an SSE
+    stream of `response.*` events ending with `response.completed` (or `.incomplete`)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: float
+    status: str = Field(description="completed | incomplete | in_progress | failed")
+    model: str
+    output: list[dict[str, Any]] = Field(description="message and function_call items")
+    usage: dict[str, Any] | None = None
+
+
+class ModelOut(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelOut]
+
+
+# --- answers of Reef's other routes ----------------------------------------------------------
+
+
+class ScenarioList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ScenarioOut]
+
+
+class ScenarioDeletion(BaseModel):
+    """A deleted scenario whose files or MLflow entries are still to remove (`reef gc`)."""
+
+    object: Literal["scenario.deletion"] = "scenario.deletion"
+    scenario: str
+    status: Literal["pending"] = "pending"
+    message: str
+
+
+class HarnessOut(BaseModel):
+    """The harness a release (or a candidate) carries: its manifest and, unless
+    `content=false`, its files' text."""
+
+    object: Literal["harness"] = "harness"
+    scenario: str
+    release_id: str
+    parent_release_id: str | None
+    current: bool
+    content_hash: str | None
+    inject: bool = Field(description="whether serving puts it into the requests")
+    files: list[dict[str, Any]] = Field(description="path, sha256, bytes (and content)")
+    skills: list[dict[str, Any]] = Field(description="name, description, path of its SKILL.md")
+    executable: list[str] = Field(description="files that run code: released only on review")
+    evaluation: dict[str, Any] = Field(description="the release's gate and metrics")
+    candidate: dict[str, Any] | None = Field(
+        None, description="a candidate's status and message (when release_id names one)"
+    )
+
+
+class VariantLoaded(_Answer):
+    name: str
+    loaded: bool = Field(description="false: a variant of that name was loaded already")
+    seconds: float | None = None
+
+
+class VariantUnloaded(BaseModel):
+    name: str
+    unloaded: bool
+
+
+class VariantVerified(_Answer):
+    """A smoke generation's result (the engine adds what it measured)."""
+
+    name: str
+    verified: bool
+
+
+class ScenarioRefreshed(BaseModel):
+    scenario: str
+    refreshed: bool
+
+
+class GenerationOut(BaseModel):
+    object: Literal["reef.generation"] = "reef.generation"
+    release_id: str
+    model: str
+    text: str
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+
+
+class VariantList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[str]
+
+
+class Liveness(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(_Answer):
+    """Whether this process can serve now, and the state of what it depends on."""
+
+    status: str = Field(description="ready | not_ready")

@@ -252,3 +252,21 @@ def test_a_body_within_bounds_reads_back(
 )
 def test_the_patterns_match_whole_strings(pattern: str, text: str, matches: bool) -> None:
     assert (re.fullmatch(pattern, text) is not None) == matches
+
+
+def test_whole_number_floats_are_integers_and_are_forwarded_as_ints() -> None:
+    """JSON Schema counts 6.0 as an integer (the spec says `integer`), so the edge takes it, and
+    the body it forwards (and checks against caps) then holds the int; strings, booleans and
+    fractions are still refused."""
+    from api.bodies import validate
+    from reef.errors import BadRequest
+
+    body: dict[str, Any] = {"model": "m", "messages": HI, "max_tokens": 6.0, "temperature": 1.0}
+    assert validate(ChatCompletionRequest, body).max_tokens == 6
+    assert type(body["max_tokens"]) is int and type(body["temperature"]) is float
+    msg = {"model": "m", "messages": HI, "max_tokens": 4.0, "top_k": 2.0}
+    validate(AnthropicMessagesRequest, msg)
+    assert (type(msg["max_tokens"]), type(msg["top_k"])) == (int, int)
+    for bad in ("6", 6.5, True):
+        with pytest.raises(BadRequest, match="max_tokens"):
+            validate(ChatCompletionRequest, {"model": "m", "messages": HI, "max_tokens": bad})

@@ -16,17 +16,17 @@ from api.answers import (
     json_replay,
     plain_answer,
     receipt_headers,
-    schema_ref,
     start_call,
     stream_error,
 )
 from api.bodies import read_json, validate
+from api.contract import CALL_HEADERS, TAGS_NOTE, events, inference, reads
 from api.services import caller
 from reef import anthropic
 from reef.engines.chunks import disassemble
 from reef.errors import ReefError
 from reef.records import Record
-from reef.wire import AnthropicMessagesRequest
+from reef.wire import AnthropicMessageOut, AnthropicMessagesRequest
 
 router = APIRouter(tags=["anthropic"])
 log = logging.getLogger("reef.api")
@@ -57,7 +57,23 @@ def replay_stream(record: Record) -> StreamingResponse:
 
 @router.post(
     "/v1/messages",
-    openapi_extra=schema_ref(AnthropicMessagesRequest),
+    openapi_extra=reads(
+        AnthropicMessagesRequest,
+        headers=CALL_HEADERS,
+        description="Anthropic's Messages API. Every answer carries its receipt "
+        "(`x-reef-agent-record-id`): report feedback on it with POST /reef/report. Errors "
+        'also carry `"type": "error"`, as Anthropic\'s do.' + TAGS_NOTE,
+    ),
+    responses=inference(
+        AnthropicMessageOut,
+        events(
+            "Anthropic's stream: message_start, content_block_start, content_block_delta, "
+            "content_block_stop, message_delta, message_stop (or error)",
+            named=True,
+            json=True,
+        ),
+        *(403, 404, 409, 429, 500, 502, 503),
+    ),
     summary="Create a message (Anthropic wire format); answers carry a receipt header",
 )
 async def messages(request: Request) -> Response:

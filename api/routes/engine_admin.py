@@ -5,18 +5,24 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from api.answers import schema_ref
 from api.bodies import read_json, validate
+from api.contract import UPSTREAM_REFUSED, errors, reads
 from api.services import Services, services
 from reef.errors import BadRequest
 from reef.variants import Variants
 from reef.wire import (
     EngineGenerateIn,
+    GenerationOut,
     LoadAdapterIn,
     LoadWeightsIn,
     RefreshIn,
+    ScenarioRefreshed,
     UnloadAdapterIn,
     VariantIn,
+    VariantList,
+    VariantLoaded,
+    VariantUnloaded,
+    VariantVerified,
 )
 
 router = APIRouter(tags=["engine"])
@@ -43,7 +49,9 @@ async def _load(svc: Services, variants: Variants, name: str, kind: str, source:
 
 @router.post(
     "/v1/load_lora_adapter",
-    openapi_extra=schema_ref(LoadAdapterIn),
+    openapi_extra=reads(LoadAdapterIn),
+    response_model=VariantLoaded,
+    responses=errors(404, 409, 500, 503),
     summary="Load a LoRA adapter under a new name (vLLM's route; never reloads in place)",
 )
 async def load_lora_adapter(request: Request) -> dict[str, object]:
@@ -54,7 +62,9 @@ async def load_lora_adapter(request: Request) -> dict[str, object]:
 
 @router.post(
     "/v1/unload_lora_adapter",
-    openapi_extra=schema_ref(UnloadAdapterIn),
+    openapi_extra=reads(UnloadAdapterIn),
+    response_model=VariantUnloaded,
+    responses=errors(404, 500, 503),
     summary="Unload an adapter (requests already on it finish first)",
 )
 async def unload_lora_adapter(request: Request) -> dict[str, object]:
@@ -65,7 +75,9 @@ async def unload_lora_adapter(request: Request) -> dict[str, object]:
 
 @router.post(
     "/reef/engine/weights",
-    openapi_extra=schema_ref(LoadWeightsIn),
+    openapi_extra=reads(LoadWeightsIn),
+    response_model=VariantLoaded,
+    responses=errors(404, 409, 500, 503),
     summary="Load full weights (a checkpoint of the same architecture) under a new name",
 )
 async def load_weights(request: Request) -> dict[str, object]:
@@ -76,7 +88,9 @@ async def load_weights(request: Request) -> dict[str, object]:
 
 @router.post(
     "/reef/engine/verify",
-    openapi_extra=schema_ref(VariantIn),
+    openapi_extra=reads(VariantIn),
+    response_model=VariantVerified,
+    responses=errors(404, 500, 503),
     summary="Smoke-generate on a loaded variant",
 )
 async def verify(request: Request) -> dict[str, object]:
@@ -86,7 +100,8 @@ async def verify(request: Request) -> dict[str, object]:
 
 @router.post(
     "/reef/engine/refresh",
-    openapi_extra=schema_ref(RefreshIn),
+    openapi_extra=reads(RefreshIn),
+    response_model=ScenarioRefreshed,
     summary="Serve the scenario's head as stored now (after a deploy moved it)",
 )
 async def refresh(request: Request) -> dict[str, object]:
@@ -101,7 +116,9 @@ async def refresh(request: Request) -> dict[str, object]:
 
 @router.post(
     "/reef/engine/generate",
-    openapi_extra=schema_ref(EngineGenerateIn),
+    openapi_extra=reads(EngineGenerateIn),
+    response_model=GenerationOut,
+    responses={**errors(404, 500, 502, 503), **UPSTREAM_REFUSED},
     summary="Generate on a release's weights without recording it (evaluation episodes)",
 )
 async def generate(request: Request) -> dict[str, object]:
@@ -136,7 +153,12 @@ async def generate(request: Request) -> dict[str, object]:
     }
 
 
-@router.get("/reef/engine/variants", summary="Variants (releases) the engine holds")
+@router.get(
+    "/reef/engine/variants",
+    response_model=VariantList,
+    responses=errors(403),
+    summary="Variants (releases) the engine holds",
+)
 async def list_variants(request: Request) -> dict[str, object]:
     svc = services(request)
     svc.auth.principal(request).require_admin("listing variants")

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
+from api.contract import ScenarioPath, errors
 from api.services import caller
 from reef import evaluation_pool
 from reef.readiness import readiness
@@ -45,12 +46,18 @@ class StatusOut(BaseModel):
 @router.get(
     "/scenarios/{scenario}/status",
     response_model=StatusOut,
+    responses=errors(403, 404, 503),
     summary="Experience readiness: eligible samples vs batch size, drops by reason (no side effects)",
 )
 async def scenario_status(
     request: Request,
-    scenario: str,
-    kind: str | None = Query(None, description="experience kind; default: the recipe's"),
+    scenario: ScenarioPath,
+    # reef.samples checks it (400 naming the kinds); declared here for the spec
+    kind: str | None = Query(
+        None,
+        description="experience kind; default: the recipe's",
+        json_schema_extra={"enum": list(KINDS)},
+    ),
 ) -> StatusOut:
     svc, principal, name = caller(request, scenario)
     loop = svc.settings.reef

@@ -18,13 +18,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from api.answers import candidate_out, release_out, schema_ref
+from api.answers import candidate_out, release_out
 from api.bodies import read_json, validate
+from api.contract import SCENARIO, ScenarioPath, ScenarioQuery, errors, reads
 from api.services import Services, caller
 from reef.errors import BadRequest, NotFound, ServiceUnavailable
 from reef.harness import Harness
 from reef.records import Candidate, Job, Release, new_id, utcnow
-from reef.wire import HarnessIn, JobOut, ReleaseOut, TrainIn
+from reef.wire import CandidateOut, HarnessIn, HarnessOut, JobOut, ReleaseOut, TrainIn
 
 router = APIRouter(tags=["harness"])
 
@@ -51,13 +52,20 @@ AGENTS = {
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]+")
 
 
+class ShellScript(PlainTextResponse):
+    media_type = "text/x-shellscript"
+
+
 @router.get(
     "/reef/harness",
+    response_model=HarnessOut,
+    openapi_extra=reads(headers=(SCENARIO,)),
+    responses=errors(403, 404, 503),
     summary="The harness a release (default: the head) or a candidate carries: manifest, files",
 )
 async def get_harness(
     request: Request,
-    scenario: str | None = None,
+    scenario: ScenarioQuery = None,
     release_id: str | None = None,
     content: bool = True,
 ) -> dict[str, Any]:
@@ -98,14 +106,16 @@ async def get_harness(
 
 @router.get(
     "/reef/harness/install",
-    response_class=PlainTextResponse,
+    response_class=ShellScript,
+    openapi_extra=reads(headers=(SCENARIO,)),
+    responses=errors(403, 404, e404="no installer for that adapter"),
     summary="A POSIX sh script installing an agent with the scenario's harness "
     "(adapter=pi|codex|claude-code|opencode)",
 )
 async def install_script(
     request: Request,
     adapter: str,
-    scenario: str | None = None,
+    scenario: ScenarioQuery = None,
     context_window: Annotated[int, Query(ge=256, le=1_048_576)] = 8192,
     max_tokens: Annotated[int | None, Query(ge=1)] = None,
 ) -> PlainTextResponse:
@@ -137,27 +147,25 @@ async def install_script(
             raise BadRequest(f"cannot write {key.lower()} '{value}' into an install script")
     for key, value in values.items():
         script = script.replace(f"@{key}@", value)
-    return PlainTextResponse(script, media_type="text/x-shellscript")
+    return ShellScript(script)
 
 
 @router.post(
     "/reef/scenarios/{scenario}/harness",
     response_model=ReleaseOut,
     status_code=201,
-    openapi_extra=schema_ref(HarnessIn),
+    openapi_extra=reads(HarnessIn),
     summary="Release a new harness on the scenario's chain, keeping its weights (admin)",
     responses={
         202: {
+            "model": CandidateOut,
             "description": "it changes executable content: held as a pending candidate for review "
             "(POST /reef/scenarios/{scenario}/promote releases it)",
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/CandidateOut"}}
-            },
         },
-        409: {"description": "the head moved meanwhile, or nothing changed"},
+        **errors(404, 409, 500, 503, e409="the head moved meanwhile, or nothing changed"),
     },
 )
-async def publish_harness(request: Request, scenario: str) -> Any:
+async def publish_harness(request: Request, scenario: ScenarioPath) -> Any:
     svc, principal, name = caller(request, scenario)
     principal.require_admin("releasing a harness")
     body = validate(HarnessIn, await read_json(request, svc.settings.server.max_body_bytes))
@@ -180,9 +188,17 @@ async def publish_harness(request: Request, scenario: str) -> Any:
     "/reef/train",
     response_model=JobOut,
     status_code=202,
-    openapi_extra=schema_ref(TrainIn),
+    openapi_extra=reads(TrainIn, headers=(SCENARIO,)),
     summary="Turn a plain-language ask into a harness candidate held for review; poll the job",
-    responses={503: {"description": "no worker runs jobs (reef.auto is off)"}},
+    responses={
+        202: {
+            "description": "the job, queued",
+            "headers": {
+                "location": {"description": "where to poll it", "schema": {"type": "string"}}
+            },
+        },
+        **errors(503, e503="no worker runs jobs (reef.auto is off), or the store is down"),
+    },
 )
 async def train(request: Request, response: Response) -> JobOut:
     svc, _, name = caller(request)
@@ -223,9 +239,11 @@ async def train(request: Request, response: Response) -> JobOut:
 @router.get(
     "/reef/train/{job_id}",
     response_model=JobOut,
+    openapi_extra=reads(headers=(SCENARIO,)),
+    responses=errors(403, 404, 503),
     summary="A train job's progress: its steps, then its candidate (or why it failed)",
 )
-async def train_job(request: Request, job_id: str, scenario: str | None = None) -> JobOut:
+async def train_job(request: Request, job_id: str, scenario: ScenarioQuery = None) -> JobOut:
     svc, _, name = caller(request, scenario)
     return job_out(request, await asyncio.to_thread(svc.store.get_job, name, job_id))
 

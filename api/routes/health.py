@@ -6,20 +6,33 @@ import asyncio
 import hmac
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from api.contract import METRICS, PUBLIC
 from api.services import services
 from reef.errors import Unauthorized
+from reef.wire import Liveness, Readiness
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness: the process answers")
+@router.get(
+    "/healthz",
+    response_model=Liveness,
+    openapi_extra=PUBLIC,
+    summary="Liveness: the process answers",
+)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: store and engine ready (no side effects)")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    openapi_extra=PUBLIC,
+    responses={503: {"model": Readiness, "description": "not ready: what is not"}},
+    summary="Readiness: store and engine ready (no side effects)",
+)
 async def readyz(request: Request) -> Response:
     svc = services(request)
     store_ok, engine_ok = await asyncio.gather(
@@ -36,6 +49,14 @@ async def readyz(request: Request) -> Response:
 
 @router.get(
     "/metrics",
+    response_class=PlainTextResponse,
+    openapi_extra=METRICS,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format (version 0.0.4)",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
     summary="Prometheus metrics (`Authorization: Bearer <server.metrics_token>` when one is set)",
 )
 async def metrics(request: Request) -> Response:

@@ -17,16 +17,16 @@ from api.answers import (
     json_replay,
     plain_answer,
     receipt_headers,
-    schema_ref,
     start_call,
     stream_error,
 )
 from api.bodies import read_json, validate
+from api.contract import CALL_HEADERS, TAGS_NOTE, events, inference, reads
 from api.services import caller, services
 from reef.engines.chunks import disassemble
 from reef.errors import ReefError
 from reef.records import Record
-from reef.wire import ChatCompletionRequest
+from reef.wire import ChatCompletionOut, ChatCompletionRequest, ModelList
 
 router = APIRouter(tags=["openai"])
 log = logging.getLogger("reef.api")
@@ -52,9 +52,22 @@ def replay_stream(record: Record) -> StreamingResponse:
 
 @router.post(
     "/v1/chat/completions",
-    openapi_extra=schema_ref(ChatCompletionRequest),
+    openapi_extra=reads(
+        ChatCompletionRequest,
+        headers=CALL_HEADERS,
+        description="OpenAI's chat completions. Every answer carries its receipt "
+        "(`x-reef-agent-record-id`): report feedback on it with POST /reef/report." + TAGS_NOTE,
+    ),
+    responses=inference(
+        ChatCompletionOut,
+        events(
+            "data: a chat.completion.chunk as JSON (or an error object); the last is [DONE]",
+            named=False,
+            json=False,
+        ),
+        *(403, 404, 409, 429, 500, 502, 503),
+    ),
     summary="Create a chat completion (OpenAI wire format); answers carry a receipt header",
-    response_description="chat.completion, or an SSE stream of chat.completion.chunk",
 )
 async def chat_completions(request: Request) -> Response:
     svc, _, scenario_name = caller(request)
@@ -94,7 +107,9 @@ async def chat_completions(request: Request) -> Response:
     return event_stream(events(), call_receipt(call))
 
 
-@router.get("/v1/models", summary="List the models this server answers to")
+@router.get(
+    "/v1/models", response_model=ModelList, summary="List the models this server answers to"
+)
 async def list_models(request: Request) -> Response:
     svc = services(request)
     svc.auth.principal(request)

@@ -10,8 +10,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from api.answers import schema_ref
 from api.bodies import read_json, validate
+from api.contract import SCENARIO, ScenarioPath, errors, reads
 from api.services import caller, check_scenario_name, services
 from reef.deletion import finish
 from reef.errors import BadRequest, ReefError
@@ -24,7 +24,9 @@ from reef.wire import (
     ReportIn,
     ReportList,
     ReportOut,
+    ScenarioDeletion,
     ScenarioIn,
+    ScenarioList,
     ScenarioOut,
 )
 
@@ -52,7 +54,8 @@ def _report_out(r: Report, created: bool = True) -> ReportOut:
     "/scenarios",
     status_code=201,
     response_model=ScenarioOut,
-    openapi_extra=schema_ref(ScenarioIn),
+    openapi_extra=reads(ScenarioIn),
+    responses=errors(409, 503, e409="a scenario of that name exists"),
     summary="Create a scenario (it is also created on first use by x-reef-scenario)",
 )
 async def create_scenario(request: Request) -> ScenarioOut:
@@ -64,7 +67,12 @@ async def create_scenario(request: Request) -> ScenarioOut:
     return _scenario_out(scenario)
 
 
-@router.get("/scenarios", summary="Scenarios the caller may use")
+@router.get(
+    "/scenarios",
+    response_model=ScenarioList,
+    responses=errors(503),
+    summary="Scenarios the caller may use",
+)
 async def list_scenarios(request: Request) -> dict[str, object]:
     svc = services(request)
     principal = svc.auth.principal(request)
@@ -73,8 +81,8 @@ async def list_scenarios(request: Request) -> dict[str, object]:
     return {"object": "list", "data": data}
 
 
-@router.get("/scenarios/{scenario}", response_model=ScenarioOut)
-async def get_scenario(request: Request, scenario: str) -> ScenarioOut:
+@router.get("/scenarios/{scenario}", response_model=ScenarioOut, responses=errors(403, 404, 503))
+async def get_scenario(request: Request, scenario: ScenarioPath) -> ScenarioOut:
     svc, _, name = caller(request, scenario)
     return _scenario_out(await asyncio.to_thread(svc.store.get_scenario, name))
 
@@ -86,12 +94,14 @@ async def get_scenario(request: Request, scenario: str) -> ScenarioOut:
     "(admin)",
     responses={
         202: {
+            "model": ScenarioDeletion,
             "description": "deleted from the database; its files or MLflow entries could not "
-            "all be removed now (`reef gc` finishes)"
-        }
+            "all be removed now (`reef gc` finishes)",
+        },
+        **errors(404, 503),
     },
 )
-async def delete_scenario(request: Request, scenario: str) -> Response:
+async def delete_scenario(request: Request, scenario: ScenarioPath) -> Response:
     svc, principal, name = caller(request, scenario)
     principal.require_admin(f"deleting scenario '{name}'")
     # The commit point: rows gone, tombstone written (404 when there is no such scenario).
@@ -119,9 +129,11 @@ async def delete_scenario(request: Request, scenario: str) -> Response:
     )
 
 
-@router.get("/scenarios/{scenario}/records", response_model=RecordList)
+@router.get(
+    "/scenarios/{scenario}/records", response_model=RecordList, responses=errors(403, 404, 503)
+)
 async def list_records(
-    request: Request, scenario: str, after: str | None = None, limit: Limit = 100
+    request: Request, scenario: ScenarioPath, after: str | None = None, limit: Limit = 100
 ) -> RecordList:
     svc, _, name = caller(request, scenario)
     await asyncio.to_thread(svc.store.get_scenario, name)  # 404 for an unknown scenario
@@ -134,8 +146,12 @@ async def list_records(
     )
 
 
-@router.get("/scenarios/{scenario}/records/{record_id}", response_model=RecordOut)
-async def get_record(request: Request, scenario: str, record_id: str) -> RecordOut:
+@router.get(
+    "/scenarios/{scenario}/records/{record_id}",
+    response_model=RecordOut,
+    responses=errors(403, 404, 503),
+)
+async def get_record(request: Request, scenario: ScenarioPath, record_id: str) -> RecordOut:
     svc, _, name = caller(request, scenario)
     return _record_out(await asyncio.to_thread(svc.store.get_record, name, record_id))
 
@@ -143,9 +159,10 @@ async def get_record(request: Request, scenario: str, record_id: str) -> RecordO
 @router.get(
     "/scenarios/{scenario}/sessions/{session_id}",
     response_model=RecordList,
+    responses=errors(403, 404, 503),
     summary="A session's records, first turn first (the chain of turns ending at its last)",
 )
-async def get_session(request: Request, scenario: str, session_id: str) -> RecordList:
+async def get_session(request: Request, scenario: ScenarioPath, session_id: str) -> RecordList:
     svc, _, name = caller(request, scenario)
     await asyncio.to_thread(svc.store.get_scenario, name)  # 404 for an unknown scenario
     records = await asyncio.to_thread(
@@ -158,9 +175,11 @@ async def get_session(request: Request, scenario: str, session_id: str) -> Recor
     )
 
 
-@router.get("/scenarios/{scenario}/reports", response_model=ReportList)
+@router.get(
+    "/scenarios/{scenario}/reports", response_model=ReportList, responses=errors(403, 404, 503)
+)
 async def list_reports(
-    request: Request, scenario: str, after: str | None = None, limit: Limit = 100
+    request: Request, scenario: ScenarioPath, after: str | None = None, limit: Limit = 100
 ) -> ReportList:
     svc, _, name = caller(request, scenario)
     await asyncio.to_thread(svc.store.get_scenario, name)
@@ -197,9 +216,15 @@ def _check_reserved(body: ReportIn) -> None:
     "/report",
     response_model=ReportOut,
     status_code=201,
-    openapi_extra=schema_ref(ReportIn),
+    openapi_extra=reads(ReportIn, headers=(SCENARIO,)),
     summary="Report feedback on receipts of the caller's scenario (x-reef-scenario)",
-    responses={200: {"description": "a retry of a stored report (same report_id and content)"}},
+    responses={
+        200: {
+            "model": ReportOut,
+            "description": "a retry of a stored report (same report_id and content)",
+        },
+        **errors(404, 409, 503, e409="report_id names a stored report with other content"),
+    },
 )
 async def report(request: Request, response: Response) -> ReportOut:
     svc, _, name = caller(request)

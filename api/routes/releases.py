@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
-from api.answers import candidate_out, release_out, schema_ref
+from api.answers import candidate_out, release_out
 from api.bodies import read_json, validate
+from api.contract import ScenarioPath, errors, reads
 from api.services import caller
+from reef.records import CANDIDATE_STATUSES
 from reef.wire import CandidateList, ReleaseList, ReleaseOut, ReleaseRef
 
 log = logging.getLogger("reef.api")
@@ -25,9 +28,10 @@ router = APIRouter(prefix="/reef/scenarios", tags=["releases"])
 @router.get(
     "/{scenario}/releases",
     response_model=ReleaseList,
+    responses=errors(403, 404, 503),
     summary="The scenario's release chain, newest first; `current` marks the head",
 )
-async def list_releases(request: Request, scenario: str) -> ReleaseList:
+async def list_releases(request: Request, scenario: ScenarioPath) -> ReleaseList:
     svc, principal, name = caller(request, scenario)
     scen = await asyncio.to_thread(svc.store.get_scenario, name)
     chain = await asyncio.to_thread(svc.store.list_releases, name)
@@ -38,10 +42,17 @@ async def list_releases(request: Request, scenario: str) -> ReleaseList:
 @router.get(
     "/{scenario}/candidates",
     response_model=CandidateList,
+    responses=errors(403, 404, 503),
     summary="Trained candidates, newest first",
 )
 async def list_candidates(
-    request: Request, scenario: str, status: str | None = None
+    request: Request,
+    scenario: ScenarioPath,
+    # the store checks it (400 naming the statuses); declared here for the spec
+    status: Annotated[
+        str | None,
+        Query(description="only these", json_schema_extra={"enum": sorted(CANDIDATE_STATUSES)}),
+    ] = None,
 ) -> CandidateList:
     svc, principal, name = caller(request, scenario)
     await asyncio.to_thread(svc.store.get_scenario, name)
@@ -53,11 +64,11 @@ async def list_candidates(
     "/{scenario}/rollback",
     response_model=ReleaseOut,
     status_code=201,
-    openapi_extra=schema_ref(ReleaseRef),
+    openapi_extra=reads(ReleaseRef),
     summary="Republish an earlier release's content as the new head (admin)",
-    responses={409: {"description": "the head moved meanwhile; nothing changed"}},
+    responses=errors(404, 409, 500, 503, e409="the head moved meanwhile; nothing changed"),
 )
-async def rollback(request: Request, scenario: str) -> ReleaseOut:
+async def rollback(request: Request, scenario: ScenarioPath) -> ReleaseOut:
     svc, principal, name = caller(request, scenario)
     principal.require_admin("rollback")
     body = validate(ReleaseRef, await read_json(request, svc.settings.server.max_body_bytes))
@@ -69,11 +80,11 @@ async def rollback(request: Request, scenario: str) -> ReleaseOut:
     "/{scenario}/promote",
     response_model=ReleaseOut,
     status_code=201,
-    openapi_extra=schema_ref(ReleaseRef),
+    openapi_extra=reads(ReleaseRef),
     summary="Publish a pending candidate (held by the manual gate) as the new head (admin)",
-    responses={409: {"description": "not pending, or the head moved meanwhile"}},
+    responses=errors(404, 409, 500, 503, e409="not pending, or the head moved meanwhile"),
 )
-async def promote(request: Request, scenario: str) -> ReleaseOut:
+async def promote(request: Request, scenario: ScenarioPath) -> ReleaseOut:
     svc, principal, name = caller(request, scenario)
     principal.require_admin("promote")
     body = validate(ReleaseRef, await read_json(request, svc.settings.server.max_body_bytes))

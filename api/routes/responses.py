@@ -28,17 +28,26 @@ from api.answers import (
     json_replay,
     plain_answer,
     receipt_headers,
-    schema_ref,
     start_call,
     stream_error,
 )
 from api.bodies import read_json, validate
+from api.contract import (
+    CALL_HEADERS,
+    RECEIPT_HEADERS,
+    SCENARIO,
+    TAGS_NOTE,
+    errors,
+    events,
+    inference,
+    reads,
+)
 from api.services import Services, caller
 from reef import responses
 from reef.engines.chunks import disassemble
 from reef.errors import BadRequest, NotFound, ReefError
 from reef.records import Record, Scenario
-from reef.wire import ResponsesRequest
+from reef.wire import ResponseObject, ResponsesRequest
 
 router = APIRouter(tags=["openai"])
 log = logging.getLogger("reef.api")
@@ -120,9 +129,25 @@ def replay_stream(record: Record) -> StreamingResponse:
 
 @router.post(
     "/v1/responses",
-    openapi_extra=schema_ref(ResponsesRequest),
+    openapi_extra=reads(
+        ResponsesRequest,
+        headers=CALL_HEADERS,
+        description="OpenAI's Responses API. Every answer carries its receipt "
+        "(`x-reef-agent-record-id`): report feedback on it with POST /reef/report. "
+        "`previous_response_id` continues a stored response of the scenario (404 otherwise)."
+        + TAGS_NOTE,
+    ),
+    responses=inference(
+        ResponseObject,
+        events(
+            "response.created, response.in_progress, output item and content events, then "
+            "response.completed or response.incomplete (or error)",
+            named=True,
+            json=True,
+        ),
+        *(403, 404, 409, 429, 500, 502, 503),
+    ),
     summary="Create a response (OpenAI Responses API); answers carry a receipt header",
-    response_description="a response object, or an SSE stream of response events",
 )
 async def create_response(request: Request) -> Response:
     svc, _, scenario_name = caller(request)
@@ -250,6 +275,9 @@ async def _passed_through(
 
 @router.get(
     "/v1/responses/{response_id}",
+    openapi_extra=reads(headers=(SCENARIO,)),
+    response_model=ResponseObject,
+    responses={200: {"headers": RECEIPT_HEADERS}, **errors(403, 404, 503)},
     summary="A stored response (store was not false), as it was answered",
 )
 async def get_response(request: Request, response_id: str) -> Response:

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Request
 
 from api.answers import release_out
 from api.bodies import read_json, validate
+from api.contract import ScenarioPath, errors, reads
 from api.services import Services, caller
 from deploy import rollout
 from reef.records import Release
@@ -36,9 +37,10 @@ router = APIRouter(prefix="/reef/scenarios", tags=["rollouts"])
 @router.get(
     "/{scenario}/rollout",
     response_model=RolloutOut,
+    responses=errors(403, 404, 503, e404="no rollout is live"),
     summary="The live rollout and the sequential test's verdict now (404: none is live)",
 )
-async def rollout_status(request: Request, scenario: str) -> RolloutOut:
+async def rollout_status(request: Request, scenario: ScenarioPath) -> RolloutOut:
     svc, _, name = caller(request, scenario)
     if _is_ab(svc, name):
         return RolloutOut.model_validate(
@@ -57,9 +59,17 @@ async def rollout_status(request: Request, scenario: str) -> RolloutOut:
     status_code=201,
     summary="End the rollout now: the canary becomes the head; an A/B split's release_id "
     "(default b) becomes the head (admin)",
-    responses={409: {"description": "the head moved under the canary; nothing published"}},
+    openapi_extra=reads(RolloutPromote, optional=True),
+    responses=errors(
+        404,
+        409,
+        500,
+        503,
+        e404="no rollout is live",
+        e409="the head moved under the canary; nothing published",
+    ),
 )
-async def rollout_promote(request: Request, scenario: str) -> ReleaseOut:
+async def rollout_promote(request: Request, scenario: ScenarioPath) -> ReleaseOut:
     svc, principal, name = caller(request, scenario)
     principal.require_admin("promote a canary")
     if _is_ab(svc, name):
@@ -85,9 +95,11 @@ async def rollout_promote(request: Request, scenario: str) -> ReleaseOut:
     "/{scenario}/rollout/abort",
     response_model=ReleaseOut,
     status_code=201,
+    openapi_extra=reads(RolloutAbort, optional=True),
+    responses=errors(404, 409, 503, e404="no rollout is live", e409="the head moved meanwhile"),
     summary="End the rollout now: retire the canary, record a rollback release (admin)",
 )
-async def rollout_abort(request: Request, scenario: str) -> ReleaseOut:
+async def rollout_abort(request: Request, scenario: ScenarioPath) -> ReleaseOut:
     svc, principal, name = caller(request, scenario)
     principal.require_admin("abort a canary")
     body = RolloutAbort()
@@ -106,11 +118,12 @@ async def rollout_abort(request: Request, scenario: str) -> ReleaseOut:
 @router.get(
     "/{scenario}/shadow-records",
     response_model=ShadowRecordList,
+    responses=errors(403, 404, 503),
     summary="Shadow rollouts' answers to copies of calls, with their scores (never in /records)",
 )
 async def list_shadow_records(
     request: Request,
-    scenario: str,
+    scenario: ScenarioPath,
     release_id: str | None = None,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

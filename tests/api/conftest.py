@@ -13,6 +13,14 @@ from cli.testing import InProcessReef
 from reef.testing.process import ReefServer
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The schemathesis run (marker contract) builds a test per operation of the spec when it is
+    collected (~4 s): not in runs that deselect it anyway (the default suite)."""
+    if collection_path.name == "test_conformance.py" and "not contract" in config.option.markexpr:
+        return True
+    return None
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
     state = tmp_path_factory.mktemp("reef-api")
