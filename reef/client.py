@@ -5,6 +5,8 @@
     reef = Reef("http://127.0.0.1:8900", scenario="support-bot")  # api_key: $REEF_API_KEY
     reef.report(receipt, score=1.0, feedback={"correction": "Paris."}, report_id="judge-42")
     page = reef.records(limit=10)          # RecordList: data, has_more, last_id
+    reports = reef.reports().data          # ReportOut: score, feedback, references, ...
+    turns = reef.session(page.data[0].session_id).data
     head = next(r for r in reef.releases().data if r.current)
 
 `AsyncReef` has the same methods, awaited. Bodies are checked and answers parsed with the API's
@@ -42,7 +44,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from reef.errors import BadRequest, ReefError
-from reef.wire import RecordList, RecordOut, ReleaseList, ReportIn, ReportOut
+from reef.wire import RecordList, RecordOut, ReleaseList, ReportIn, ReportList, ReportOut
 
 __all__ = [
     "AsyncReef",
@@ -52,6 +54,7 @@ __all__ = [
     "ReefAPIError",
     "ReefConnectionError",
     "ReleaseList",
+    "ReportList",
     "ReportOut",
 ]
 
@@ -223,6 +226,18 @@ class _Client:
         path = f"/reef/scenarios/{self._path_scenario(scenario)}/records/{record_id}"
         return _Call("GET", path)
 
+    def _reports_call(self, scenario: str | None, after: str | None, limit: int) -> _Call:
+        params: dict[str, Any] = {"limit": limit}
+        if after:
+            params["after"] = after
+        return _Call(
+            "GET", f"/reef/scenarios/{self._path_scenario(scenario)}/reports", params=params
+        )
+
+    def _session_call(self, session_id: str, scenario: str | None) -> _Call:
+        path = f"/reef/scenarios/{self._path_scenario(scenario)}/sessions/{session_id}"
+        return _Call("GET", path)
+
     def _releases_call(self, scenario: str | None) -> _Call:
         path = f"/reef/scenarios/{self._path_scenario(scenario)}/releases"
         return _Call("GET", path)
@@ -295,6 +310,16 @@ class Reef(_Client):
 
     def record(self, record_id: str, *, scenario: str | None = None) -> RecordOut:
         return self._send(self._record_call(record_id, scenario), RecordOut)
+
+    def reports(
+        self, scenario: str | None = None, *, after: str | None = None, limit: int = 100
+    ) -> ReportList:
+        """A page of the scenario's reports, oldest first; `after=page.last_id` for the next."""
+        return self._send(self._reports_call(scenario, after, limit), ReportList)
+
+    def session(self, session_id: str, *, scenario: str | None = None) -> RecordList:
+        """A session's records, first turn first (`RecordOut.session_id` names it)."""
+        return self._send(self._session_call(session_id, scenario), RecordList)
 
     def releases(self, scenario: str | None = None) -> ReleaseList:
         """The scenario's release chain, newest first (`current` marks the head)."""
@@ -375,6 +400,14 @@ class AsyncReef(_Client):
 
     async def record(self, record_id: str, *, scenario: str | None = None) -> RecordOut:
         return await self._send(self._record_call(record_id, scenario), RecordOut)
+
+    async def reports(
+        self, scenario: str | None = None, *, after: str | None = None, limit: int = 100
+    ) -> ReportList:
+        return await self._send(self._reports_call(scenario, after, limit), ReportList)
+
+    async def session(self, session_id: str, *, scenario: str | None = None) -> RecordList:
+        return await self._send(self._session_call(session_id, scenario), RecordList)
 
     async def releases(self, scenario: str | None = None) -> ReleaseList:
         return await self._send(self._releases_call(scenario), ReleaseList)

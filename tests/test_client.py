@@ -77,6 +77,11 @@ def test_report_records_and_releases(server: InProcessReef, scenario: str) -> No
         rest = reef.records(after=page.last_id)
         assert [r.id for r in rest.data] == refs[1:] and not rest.has_more
         assert reef.record(refs[1]).release_id == page.data[0].release_id
+        session = page.data[0].session_id
+        assert session and [r.id for r in reef.session(session).data] == refs[:1]
+
+        reports = reef.reports().data
+        assert [r.id for r in reports] == ["r-1", text.id]
 
         chain = reef.releases().data
         assert [(r.seq, r.current, r.kind) for r in chain] == [(0, True, "base")]
@@ -103,7 +108,9 @@ def test_async_client(server: InProcessReef, scenario: str) -> None:
                 *(reef.report(r, score=i / 2, report_id=f"a-{i}") for i, r in enumerate(refs))
             )
             records = await reef.records(limit=10)
-            await reef.record(refs[0])
+            first = await reef.record(refs[0])
+            assert first.session_id and len((await reef.session(first.session_id)).data) == 1
+            assert len((await reef.reports(limit=5)).data) == 3
             releases = await reef.releases()
             return list(reports), len(records.data), len(releases.data)
 
