@@ -481,9 +481,9 @@ def _document(p: argparse.ArgumentParser) -> None:
 def _finish(p: argparse.ArgumentParser, sub: SubParsers) -> argparse.ArgumentParser:
     """The commands and flags added after the first ones: report, config, completion,
     --version; then the help text every flag gets (`_document`)."""
-    from reef import __version__
+    import reef  # its __version__: the package's one version number
 
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--version", action="version", version=f"%(prog)s {reef.__version__}")
     _add_report_parser(sub)
     _add_config_parser(sub)
     _add_completion_parser(sub)
