@@ -1,7 +1,10 @@
-"""The `reef` command: `reef serve` starts the API with its engine; `reef token` makes a token;
-`reef export` writes a scenario's experience to a file; `reef evolve` runs the evolve flow;
-`reef releases|rollback|promote` call a running server's admin routes; `reef gc` finishes
-scenario deletions and applies retention."""
+"""The `reef` command. `reef serve` starts the API with its engine; `reef config` prints the
+settings it would use. Against a running server: `reef report` sends feedback on receipts,
+`reef releases|rollback|promote` and `reef rollout` read and move a scenario's head. Offline:
+`reef token` makes a token, `reef export` writes a scenario's experience to a file, `reef
+evolve` runs the evolve flow, `reef gc` finishes scenario deletions and applies retention,
+`reef openapi` prints the HTTP API's spec, `reef completion bash|zsh` a shell completion
+script."""
 
 from __future__ import annotations
 
@@ -19,23 +22,30 @@ if TYPE_CHECKING:
     # The subcommands of `reef`, as argparse adds them.
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
+# The setting each settings flag sets, by the flag's dest (flags beat YAML and the environment).
+FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
+    "host": ("server", "host"),
+    "port": ("server", "port"),
+    "state_dir": ("server", "state_dir"),
+    "log_level": ("server", "log_level"),
+    "engine": ("engine", "kind"),
+    "model": ("engine", "model"),
+    "upstream_url": ("engine", "upstream", "url"),
+    "upstream_model": ("engine", "upstream", "model"),
+    "vllm_url": ("engine", "vllm", "url"),
+    "database_url": ("store", "database_url"),
+}
+
+
+def env_var(setting: tuple[str, ...]) -> str:
+    """The environment variable a setting is read from: ("server", "port") -> REEF_SERVER__PORT."""
+    return "REEF_" + "__".join(setting).upper()
+
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Only the flags given on the command line, as nested settings (they beat YAML and env)."""
-    flag_keys: dict[str, tuple[str, ...]] = {
-        "host": ("server", "host"),
-        "port": ("server", "port"),
-        "state_dir": ("server", "state_dir"),
-        "log_level": ("server", "log_level"),
-        "engine": ("engine", "kind"),
-        "model": ("engine", "model"),
-        "upstream_url": ("engine", "upstream", "url"),
-        "upstream_model": ("engine", "upstream", "model"),
-        "vllm_url": ("engine", "vllm", "url"),
-        "database_url": ("store", "database_url"),
-    }
     out: dict[str, Any] = {}
-    for flag, (*sections, key) in flag_keys.items():
+    for flag, (*sections, key) in FLAG_SETTINGS.items():
         value = getattr(args, flag, None)
         if value is not None:
             place = out
@@ -222,6 +232,72 @@ def rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _feedback(text: str | None) -> str | dict[str, Any] | None:
+    """--feedback: a JSON object when it is one ('{"correction": "Paris."}'), else the text."""
+    if text is None or not text.lstrip().startswith("{"):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object: {...}")
+    return value
+
+
+def report(args: argparse.Namespace) -> int:
+    """Feedback on receipts, through the Python client (reef.client)."""
+    from reef.client import Reef, ReefAPIError
+
+    with Reef(args.url, args.token, scenario=args.scenario) as client:
+        try:
+            out = client.report(
+                args.receipts,
+                score=args.score,
+                feedback=_feedback(args.feedback),
+                report_id=args.report_id,
+                metadata=args.metadata,
+            )
+        except ReefAPIError as e:
+            print(f"reef: {client.base_url} answered {e}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(out.model_dump_json(indent=2))
+        return 0
+    n = len(out.references)
+    done = "stored" if out.created else "was already stored (same report_id and content)"
+    print(f"reef: report {out.id} on {n} receipt{'s' * (n != 1)} of '{out.scenario}' {done}")
+    return 0
+
+
+def show_config(args: argparse.Namespace) -> int:
+    """The settings `reef serve` would run with here, secrets masked."""
+    import yaml
+
+    from cli.config import masked
+
+    settings = load_settings(args.config, **_overrides(args))
+    source = f"< {args.config} " if args.config else ""
+    print(f"# effective settings: defaults {source}< REEF_* environment < flags; secrets masked")
+    print(yaml.safe_dump(masked(settings), sort_keys=False, allow_unicode=True), end="")
+    return 0
+
+
+def completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(parser(), shell=args.shell), end="")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reef", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -236,7 +312,7 @@ def parser() -> argparse.ArgumentParser:
         _openapi_command,
     ):
         add(sub)
-    return p
+    return _finish(p, sub)
 
 
 def _serve_command(sub: Subcommands) -> None:
@@ -350,6 +426,105 @@ def _openapi_command(sub: Subcommands) -> None:
     o = sub.add_parser("openapi", help="print the HTTP API's OpenAPI spec")
     o.add_argument("-o", "--output", help="write to this file instead of stdout")
     o.set_defaults(func=openapi)
+
+
+def _add_report_parser(sub: Subcommands) -> None:
+    r = sub.add_parser(
+        "report", help="report feedback (a score, text, a correction) on receipts to a server"
+    )
+    r.add_argument(
+        "receipts", nargs="+", metavar="RECEIPT", help="record ids (x-reef-agent-record-id)"
+    )
+    r.add_argument("--score", type=float, help="e.g. 1 for a thumbs up, 0 for a thumbs down")
+    r.add_argument("--feedback", help='text, or a JSON object such as \'{"correction": "Paris."}\'')
+    r.add_argument("--report-id", help="idempotency key: the same id and content store once")
+    r.add_argument("--metadata", type=_json_object, help="a JSON object stored with the report")
+    r.add_argument("--scenario", help="the receipts' scenario (default: the server's default)")
+    r.add_argument(
+        "--url",
+        help="the reef server's root URL (default http://127.0.0.1:8900; env REEF_BASE_URL)",
+    )
+    r.add_argument("--token", help="API token (env REEF_API_KEY)")
+    r.add_argument("--json", action="store_true", help="print the stored report as JSON")
+    r.set_defaults(func=report)
+
+
+def _add_config_parser(sub: Subcommands) -> None:
+    c = sub.add_parser(
+        "config",
+        help="print the effective settings as YAML (defaults < file < REEF_* environment < "
+        "flags), secrets masked",
+    )
+    c.add_argument("-c", "--config", type=Path, help="YAML settings file (as for reef serve)")
+    c.add_argument("--host", help="bind address")
+    c.add_argument("--port", type=int, help="port")
+    c.add_argument("--state-dir", type=Path, help="SQLite DB and local state")
+    c.add_argument("--model", help="smollm2, tiny, or a local Hugging Face model dir")
+    c.add_argument("--engine", choices=["embedded", "upstream", "vllm"], help="serving engine")
+    c.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
+    c.set_defaults(func=show_config)
+
+
+def _add_completion_parser(sub: Subcommands) -> None:
+    c = sub.add_parser(
+        "completion",
+        help='print a shell completion script (bash: eval "$(reef completion bash)" in ~/.bashrc)',
+    )
+    c.add_argument(
+        "shell",
+        choices=["bash", "zsh"],
+        help="bash: source it (or eval it in ~/.bashrc); zsh: save it as _reef in a directory "
+        "on $fpath, or eval it after compinit",
+    )
+    c.set_defaults(func=completion)
+
+
+# Flags defined without help text that mean the same in every command.
+_SHARED_HELP = {
+    "scenario": "the scenario's name",
+    "name": "who holds the token (shown in logs and on approvals)",
+    "release_id": "a release id (`reef releases` lists them) or a pending candidate's",
+    "log_level": "log level",
+    "url": "the reef server's root URL (default: reef.engine_url, else server.host and "
+    "server.port of the settings)",
+    "token": "admin token",
+}
+# The environment variable a flag reads, besides its setting's (FLAG_SETTINGS).
+_FLAG_ENV = {"token": "REEF_API_KEY", "url": env_var(("reef", "engine_url"))}
+
+
+def _document(p: argparse.ArgumentParser) -> None:
+    """Every flag of every command gets help text naming the environment variable it reads,
+    and paths complete as files or directories in the shell."""
+    import shtab
+
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                _document(command)
+            continue
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+            continue
+        action.help = action.help or _SHARED_HELP.get(action.dest, action.dest.replace("_", " "))
+        env = env_var(FLAG_SETTINGS[action.dest]) if action.dest in FLAG_SETTINGS else None
+        env = env or _FLAG_ENV.get(action.dest)
+        if env and "env REEF_" not in action.help:
+            action.help += f" (env {env})"
+        if action.type is Path:
+            action.complete = shtab.DIRECTORY if action.dest == "state_dir" else shtab.FILE  # type: ignore[attr-defined]
+
+
+def _finish(p: argparse.ArgumentParser, sub: Subcommands) -> argparse.ArgumentParser:
+    """The commands and flags added after the first ones: report, config, completion,
+    --version; then the help text every flag gets (`_document`)."""
+    import reef  # its __version__: the package's one version number
+
+    p.add_argument("--version", action="version", version=f"%(prog)s {reef.__version__}")
+    _add_report_parser(sub)
+    _add_config_parser(sub)
+    _add_completion_parser(sub)
+    _document(p)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reef.errors import ConfigError
 from reef.experience import (
     PAGE_SIZE,
     completion_text,
@@ -73,10 +74,24 @@ SCHEMA = pa.schema(
 )
 
 
+SUFFIXES: dict[str, Format] = {".jsonl": "jsonl", ".parquet": "parquet"}
+
+
 def format_for(path: Path, fmt: str | None = None) -> Format:
+    """`fmt` when given, else by `path`'s extension: .jsonl, .parquet, or none (or an existing
+    directory) for a Hugging Face dataset directory. Any other extension is a ConfigError: a
+    file named `x.csv` must not silently become a directory of Arrow files."""
     if fmt in ("jsonl", "parquet", "hf"):
         return fmt  # type: ignore[return-value]
-    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix, "hf")  # type: ignore[return-value]
+    if path.suffix in SUFFIXES:
+        return SUFFIXES[path.suffix]
+    if not path.suffix or path.is_dir():
+        return "hf"
+    raise ConfigError(
+        f"cannot export to {path}: '{path.suffix}' is not a format reef export writes; it takes "
+        ".jsonl, .parquet, or a path without an extension (a Hugging Face datasets directory); "
+        "or name the format with --format jsonl|parquet|hf"
+    )
 
 
 def _row(rec: Record, reports: list[Report]) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def test_copy_sources_exist_and_are_not_ignored(steps: list[Instruction]) -> Non
         p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
     ]
     needed = [f for f in tracked if f.split("/")[0] in packages]
-    needed += ["pyproject.toml", "README.md", "prefect.yaml"]
+    needed += ["pyproject.toml", "README.md", "LICENSE", "prefect.yaml"]  # LICENSE: license-files
     assert any(f.startswith("api/ui/templates/") for f in needed)
     assert any(f.startswith("reef/store/migrations/versions/") for f in needed)
     assert [f for f in needed if _ignored(f, patterns)] == []
