@@ -657,6 +657,7 @@ async def jobs(request: Request, scenario: str) -> Response:
     await _call(svc.store.get_scenario, name)
     found = await _call(svc.browse.jobs, name)
     runs = await _call(svc.store.list_candidates, name)
+    told = await _call(svc.store.recent_deliveries, name, 20)
     live = any(j.status in ("queued", "running") for j in found)
     return _render(
         request,
@@ -668,6 +669,7 @@ async def jobs(request: Request, scenario: str) -> Response:
         runs=runs[:50],
         live=live,
         worker=svc.evolver is not None,
+        events=views.webhook_events(told),
     )
 
 

@@ -8,10 +8,12 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from reef.figures import Figure
 from reef.records import Record, Release, Report, utcnow
 from reef.store.browse import ScoreStats
+from reef.store.events import Delivery
 
 
 def text_of(content: Any) -> str:
@@ -269,3 +271,24 @@ def diff(old: dict[str, str], new: dict[str, str]) -> list[dict[str, Any]]:
         status = "added" if a is None else "removed" if b is None else "changed"
         out.append({"path": path, "status": status, "lines": lines})
     return out
+
+
+def webhook_events(deliveries: list[Delivery]) -> list[dict[str, Any]]:
+    """The jobs page's recent webhook events: each delivery's kind, where it goes (scheme and
+    host only: a webhook's path may carry a token), its state and its last error."""
+    rows = []
+    for d in deliveries:
+        where = urlsplit(d.url)
+        rows.append(
+            {
+                "event_id": d.event_id,
+                "kind": d.kind,
+                "target": f"{where.scheme}://{where.netloc}",
+                "status": d.status,
+                "attempts": d.attempts,
+                "created_at": d.created_at,
+                "next_at": d.next_attempt_at if d.status == "pending" else None,
+                "error": short(d.last_error or "", 200),
+            }
+        )
+    return rows
