@@ -57,7 +57,8 @@ class Services:
 
     Background work (reef.background) runs beside the requests: the engine registry's
     heartbeat (engine.fleet.registry), the rollout watcher, the readiness numbers behind /metrics,
-    the shadow copies' writer, and the evolve worker process (reef.auto)."""
+    the shadow copies' writer, the webhook events' deliverer (events.webhooks), the OTLP span
+    export (telemetry.otlp_endpoint), and the evolve worker process (reef.auto)."""
 
     settings: Settings
     engine: Engine
