@@ -99,15 +99,7 @@ class Services:
         if isinstance(engine, Deployable):
             variants = Variants(engine, store, artifacts, cache)
         telemetry = telemetry_for(settings.telemetry)
-        committer = GroupCommitter(
-            store,
-            window_ms=settings.store.commit_window_ms,
-            max_batch=settings.store.commit_max_batch,
-            committed=telemetry.records if telemetry.enabled else None,
-        )
-        metrics = Metrics(scenario_labels=settings.server.scenario_labels)
-        if telemetry.enabled:
-            metrics.registry.register(TelemetryCollector(telemetry))
+        committer, metrics = _committer_and_metrics(settings, store, telemetry)
         harnesses = HarnessCache(artifacts, cache)
         rollouts = Rollouts(store, settings.rollout)
         serving = Serving(
@@ -239,6 +231,23 @@ class Services:
     def ui_sessions(self) -> UISessions:
         """The dashboard's sign-in sessions, in the database every replica shares."""
         return UISessions(self.store)
+
+
+def _committer_and_metrics(
+    settings: Settings, store: Store, telemetry: Telemetry
+) -> tuple[GroupCommitter, Metrics]:
+    """The group committer (handing committed records to the span export when it is on) and
+    the metrics (with the export's counters then)."""
+    committer = GroupCommitter(
+        store,
+        window_ms=settings.store.commit_window_ms,
+        max_batch=settings.store.commit_max_batch,
+        committed=telemetry.records if telemetry.enabled else None,
+    )
+    metrics = Metrics(scenario_labels=settings.server.scenario_labels)
+    if telemetry.enabled:
+        metrics.registry.register(TelemetryCollector(telemetry))
+    return committer, metrics
 
 
 class LocalEngine:
