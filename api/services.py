@@ -20,9 +20,10 @@ from api.metrics import Metrics
 from api.quotas import QuotaCollector, QuotaGate
 from api.readiness_metrics import ReadinessCollector
 from api.rollouts import watcher as rollout_watcher
+from api.telemetry_metrics import TelemetryCollector
 from deploy.chain import ReleaseChain
 from deploy.engine import EngineTarget, Fleet, engines_for
-from reef import evaluation_pool
+from reef import evaluation_pool, events
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.background import BackgroundTask
 from reef.engines.base import Deployable, Engine
@@ -38,6 +39,7 @@ from reef.store.browse import Browse
 from reef.store.commits import GroupCommitter
 from reef.store.sql import open_store
 from reef.store.ui_sessions import UISessions
+from reef.telemetry import OFF, Telemetry, telemetry_for
 from reef.variants import Variants
 from reef.wire import SCENARIO_PATTERN
 
@@ -55,7 +57,8 @@ class Services:
 
     Background work (reef.background) runs beside the requests: the engine registry's
     heartbeat (engine.fleet.registry), the rollout watcher, the readiness numbers behind /metrics,
-    the shadow copies' writer, and the evolve worker process (reef.auto)."""
+    the shadow copies' writer, the webhook events' deliverer (events.webhooks), the OTLP span
+    export (telemetry.otlp_endpoint), and the evolve worker process (reef.auto)."""
 
     settings: Settings
     engine: Engine
@@ -74,6 +77,8 @@ class Services:
     heartbeat: BackgroundTask | None = None  # the engine registry's entry (engine.fleet.registry)
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
+    telemetry: Telemetry = OFF  # OTLP traces (telemetry.otlp_endpoint)
+    deliverer: BackgroundTask | None = None  # webhook events (events.webhooks)
     _catch_up: asyncio.Task[list[str]] | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -93,12 +98,8 @@ class Services:
         variants = None
         if isinstance(engine, Deployable):
             variants = Variants(engine, store, artifacts, cache)
-        committer = GroupCommitter(
-            store,
-            window_ms=settings.store.commit_window_ms,
-            max_batch=settings.store.commit_max_batch,
-        )
-        metrics = Metrics(scenario_labels=settings.server.scenario_labels)
+        telemetry = telemetry_for(settings.telemetry)
+        committer, metrics = _committer_and_metrics(settings, store, telemetry)
         harnesses = HarnessCache(artifacts, cache)
         rollouts = Rollouts(store, settings.rollout)
         serving = Serving(
@@ -156,6 +157,8 @@ class Services:
             heartbeat=heartbeat,
             variants=variants,
             evolver=evolver,
+            telemetry=telemetry,
+            deliverer=events.deliverer(store, settings.events),
         )
 
     async def start(self) -> None:
@@ -164,6 +167,7 @@ class Services:
         worker, then the background tasks."""
         await asyncio.to_thread(self.store.migrate)
         self.local.bind(asyncio.get_running_loop())
+        self.telemetry.start()
         await self.committer.start()
         await self.engine.start()
         if self.variants is not None:  # loaded now, not by a first call
@@ -177,6 +181,8 @@ class Services:
         self.watcher.start()
         self.readiness.start()
         self.quotas.start()
+        if self.deliverer is not None:
+            self.deliverer.start()
         # Everything loaded so far (framework, engine, model) lives as long as the process:
         # move it out of the collector's sight. Measured: full collections scanning it were
         # the 75 ms p99 at 16 connections (10 ms frozen), and cost ~15% of throughput.
@@ -193,6 +199,8 @@ class Services:
         await asyncio.to_thread(self.readiness.stop)
         await asyncio.to_thread(self.watcher.stop)
         await asyncio.to_thread(self.quotas.stop)  # what it counted reaches the database
+        if self.deliverer is not None:
+            await asyncio.to_thread(self.deliverer.stop)
         if self._catch_up is not None:
             self._catch_up.cancel()
         if self.heartbeat is not None:
@@ -203,6 +211,7 @@ class Services:
         if self.evolver is not None:
             await asyncio.to_thread(self.evolver.stop)
         await self.committer.aclose()
+        await asyncio.to_thread(self.telemetry.stop)  # what the last commits handed over too
         await self.engine.aclose()
         if isinstance(self.engines, Fleet):
             self.engines.close()  # its HTTP clients of the other engines
@@ -224,6 +233,23 @@ class Services:
     def ui_sessions(self) -> UISessions:
         """The dashboard's sign-in sessions, in the database every replica shares."""
         return UISessions(self.store)
+
+
+def _committer_and_metrics(
+    settings: Settings, store: Store, telemetry: Telemetry
+) -> tuple[GroupCommitter, Metrics]:
+    """The group committer (handing committed records to the span export when it is on) and
+    the metrics (with the export's counters then)."""
+    committer = GroupCommitter(
+        store,
+        window_ms=settings.store.commit_window_ms,
+        max_batch=settings.store.commit_max_batch,
+        committed=telemetry.records if telemetry.enabled else None,
+    )
+    metrics = Metrics(scenario_labels=settings.server.scenario_labels)
+    if telemetry.enabled:
+        metrics.registry.register(TelemetryCollector(telemetry))
+    return committer, metrics
 
 
 class LocalEngine:

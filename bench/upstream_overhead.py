@@ -21,6 +21,12 @@ on, off, ... (`--shadow-rounds` of each), so a load drifting during the run weig
 candidate is a harness release (its rules injected), so each copy is a second upstream call
 plus a verifier score, after the user's answer. Target: <= 0.2 ms added to the user's p50.
 
+OTLP arm (`--otlp`, on by default): two more `reef serve`, one without telemetry (off) and one
+exporting every call's span over OTLP/HTTP to a receiver in this process (on: it decodes each
+request with the official protobuf classes and counts the spans), measured at 1 connection in
+the order off, on, on, off, ... (`--otlp-rounds` of each). Target: export adds <= 0.1 ms to
+the p50.
+
     .venv/bin/python bench/upstream_overhead.py                 # SQLite in a temp state dir
     .venv/bin/python bench/upstream_overhead.py --database-url postgresql+psycopg://root@127.0.0.1/reef_bench
     .venv/bin/python bench/upstream_overhead.py --py-spy /tmp/cb/bin/py-spy   # + a profile of Reef
@@ -62,6 +68,7 @@ TARGET_ADDED_P50_MS = 1.0
 TARGET_RECORDED_RPS = 1500.0
 TARGET_SHADOW_ADDED_P50_MS = 0.2
 TARGET_QUOTA_ADDED_P50_MS = 0.1
+TARGET_OTLP_ADDED_P50_MS = 0.1
 QUOTA_TOKEN = "reef-bench-quota-token"
 # What the shadow Reef runs with: every call copied, a verifier scoring both answers, and a
 # test that cannot decide during the bench (the candidate stays live).
@@ -270,6 +277,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also measure what per-token quotas add (off vs on, --low connections)",
     )
     p.add_argument("--quota-rounds", type=int, default=2, help="off/on rounds, alternated")
+    otlp_options(p)
     return p.parse_args(argv)
 
 
@@ -316,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         measure_through_reef(args, reef, reef_url, state_dir, result)
         if args.quotas and args.quota_rounds > 0:
             result["quotas"] = quota_arms(args, echo_port, procs)
+        if args.otlp and args.otlp_rounds > 0:
+            result["otlp"] = otlp_arms(args, echo_port, procs)
         if args.shadow and args.shadow_rounds > 0:  # 0 rounds: the plain comparison only
             shadow_dir = Path(tempfile.mkdtemp(prefix="reef-bench-shadow-"))
             try:
@@ -540,6 +550,115 @@ def quota_arms(
     return out
 
 
+def otlp_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--otlp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure what OTLP span export adds (off vs on, --low connections)",
+    )
+    p.add_argument("--otlp-rounds", type=int, default=2, help="off/on rounds, alternated")
+
+
+def print_otlp(result: dict[str, Any]) -> None:
+    otlp = result.get("otlp")
+    if otlp and "error" in otlp:
+        print(f"\notlp: not measured: {otlp['error']}")
+    elif otlp:
+        print(
+            f"\notlp export at {len(otlp['on'])}x{result['duration_s']:g}s, 1 conn: p50 "
+            f"{otlp['p50_ms']['off']:.3f} ms off, {otlp['p50_ms']['on']:.3f} ms on: added "
+            f"{otlp['added_p50_ms']:.3f} ms (target <= {TARGET_OTLP_ADDED_P50_MS:g} ms) "
+            f"{'OK' if otlp['added_p50_ok'] else 'MISSED'}; {otlp['spans_received']} spans in "
+            f"{otlp['exports']} exports ({otlp['spans_per_answered_call']:.2f} per answered "
+            f"measured call, warm-ups included); non-2xx {otlp['non_2xx']}"
+        )
+
+
+class OTLPSink:
+    """An OTLP/HTTP traces receiver in this process: answers every export 200 and counts the
+    spans, decoding each request with opentelemetry-proto's ExportTraceServiceRequest."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans = 0
+        self.requests = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                request = ExportTraceServiceRequest.FromString(body)
+                sink.requests += 1
+                sink.spans += sum(
+                    len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans
+                )
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def otlp_arms(
+    args: argparse.Namespace, echo_port: int, procs: list[subprocess.Popen[Any]]
+) -> dict[str, Any]:
+    """The p50 at `--low` connections through a Reef without telemetry (off) and one exporting
+    a span per call to an OTLP receiver here (on), alternately, `--otlp-rounds` rounds."""
+    sys.path.insert(0, str(ROOT))
+    sink = OTLPSink()
+    arms: dict[str, tuple[subprocess.Popen[Any], str, Path]] = {}
+    try:
+        for state in ("off", "on"):
+            env = {"REEF_TELEMETRY__OTLP_ENDPOINT": sink.url} if state == "on" else {}
+            state_dir = Path(tempfile.mkdtemp(prefix=f"reef-bench-otlp-{state}-"))
+            reef, url, ready = start_reef(args, echo_port, state_dir, env)
+            procs.append(reef)
+            if not ready:
+                return {"error": (state_dir / "reef.log").read_text()[-2000:]}
+            arms[state] = (reef, url, state_dir)
+        print(f"otlp arms: off vs on at {args.low} connection", flush=True)
+        out: dict[str, Any] = {"off": [], "on": []}
+        for _, url, _ in arms.values():
+            wrk(url, args.low, args.warmup)
+        for i in range(args.otlp_rounds):
+            for state in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                reef, url, _ = arms[state]
+                out[state].append(measured(url, args.low, args.duration, reef.pid))
+        time.sleep(2.0)  # the last export interval
+        answered = sum(r["ok"] for r in out["on"])
+        out["spans_received"] = sink.spans
+        out["exports"] = sink.requests
+        # every answered call of the on arm (its warm-up included) should have become a span
+        out["spans_per_answered_call"] = round(sink.spans / max(answered, 1), 3)
+    finally:
+        sink.close()
+        for _, _, state_dir in arms.values():
+            shutil.rmtree(state_dir, ignore_errors=True)
+    off_p50 = statistics.median(r["p50_us"] for r in out["off"]) / 1e3
+    on_p50 = statistics.median(r["p50_us"] for r in out["on"]) / 1e3
+    out["p50_ms"] = {"off": round(off_p50, 3), "on": round(on_p50, 3)}
+    out["added_p50_ms"] = round(on_p50 - off_p50, 3)
+    out["non_2xx"] = sum(r["non_2xx"] for r in out["off"] + out["on"])
+    out["added_p50_ok"] = out["added_p50_ms"] <= TARGET_OTLP_ADDED_P50_MS
+    return out
+
+
 def limiter_cost_us(calls: int = 3000) -> dict[str, float]:
     """What the limiter itself costs a call, in this process (no HTTP, no scheduler noise):
     admission and the token count of one call on a SQLite store, as the API runs them (the
@@ -688,6 +807,7 @@ def print_arms(result: dict[str, Any]) -> None:
             f"p90 {limiter['p90_us']:.1f} us a call (every call in the database: p50 "
             f"{limiter['database_p50_us']:.1f} us, p90 {limiter['database_p90_us']:.1f} us)"
         )
+    print_otlp(result)
     shadow = result.get("shadow")
     if shadow and "error" in shadow:
         print(f"\nshadow: not measured: {shadow['error']}")

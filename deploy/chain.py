@@ -11,6 +11,9 @@ artifact store, the engine target and a cache of harness trees.
   candidate's status and the MLflow alias `champion`.
 - `reject`, `rollback`, `promote`, `release_harness`: the other ways a candidate's status or
   the head changes.
+
+Each change that operators' webhooks hear of (reef.events) hands its events to the store's
+write of that change, so they are stored in its transaction.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,7 @@ from deploy.candidates import (
 )
 from deploy.engine import EngineTarget, Fleet, engines_for
 from deploy.release import deploy
-from reef import registry
+from reef import events, registry
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.errors import BadRequest, Conflict, NotFound, ReefError
 from reef.gate import Decision
@@ -43,6 +47,7 @@ from reef.provenance import Provenance
 from reef.records import Candidate, Release, utcnow
 from reef.settings import Settings
 from reef.store.base import Store
+from reef.store.events import Delivery
 from reef.store.sql import open_store
 from reef.variants import variant_name
 
@@ -132,7 +137,7 @@ class ReleaseChain:
         candidate = weights_candidate(
             self.settings, self.artifacts, head, files, kind, decision, provenance
         )
-        return self.store.add_candidate(candidate)
+        return self.store.add_candidate(candidate, self._registered(candidate))
 
     def add_harness_candidate(
         self,
@@ -145,7 +150,7 @@ class ReleaseChain:
         candidate = harness_candidate(
             self.settings, self.artifacts, head, harness, decision, provenance
         )
-        return self.store.add_candidate(candidate)
+        return self.store.add_candidate(candidate, self._registered(candidate))
 
     # moving the head ----------------------------------------------------------------------
     def publish(
@@ -184,7 +189,7 @@ class ReleaseChain:
                     release = dataclasses.replace(
                         release, metadata={**release.metadata, "approval": approval}
                     )
-                release = self._deploy(release)
+                release = self._deploy(release, also=self._promoted(current, approval))
                 return self._finish(current, release, redo=False)
             except Exception as e:
                 final = attempt == attempts or (isinstance(e, ReefError) and e.status < 500)
@@ -211,8 +216,20 @@ class ReleaseChain:
         """A pending candidate declined (a human's no, or the approval timed out)."""
         current = self.store.get_candidate(candidate.scenario, candidate.id)
         if current.status == "pending":
+            declined = dataclasses.replace(current, status="rejected", message=note)
+            told = events.deliveries(
+                self.settings.events,
+                "candidate.rejected",
+                candidate.scenario,
+                events.candidate_data(declined),
+            )
             self.store.set_candidate_status(
-                candidate.scenario, candidate.id, "rejected", expected="pending", message=note
+                candidate.scenario,
+                candidate.id,
+                "rejected",
+                expected="pending",
+                message=note,
+                events=told,
             )
             self.mark(candidate, "rejected")
         return self.store.get_candidate(candidate.scenario, candidate.id)
@@ -355,8 +372,11 @@ class ReleaseChain:
         """Retire the canary (compare-and-swap canary → rolled_back) and record it on the chain:
         a rollback release that republishes the head's content, with the reason and numbers."""
         cand = self.canary(scenario)
+        retired = dataclasses.replace(cand, status="rolled_back", message=reason)
+        data = events.candidate_data(retired, by=by, verdict=verdict)
+        told = events.deliveries(self.settings.events, "rollout.rolled_back", scenario, data)
         self.store.set_candidate_status(
-            scenario, cand.id, "rolled_back", expected="canary", message=reason
+            scenario, cand.id, "rolled_back", expected="canary", message=reason, events=told
         )
         self.mark(cand, "rolled_back")
         head = self.store.head_release(scenario)
@@ -421,9 +441,29 @@ class ReleaseChain:
             model_uri = weights_version(self.settings, release, self.files(release))
         return dataclasses.replace(release, model_uri=model_uri)
 
-    def _deploy(self, release: Release, model_uri: str | None = None) -> Release:
+    def _registered(self, candidate: Candidate) -> list[Delivery]:
+        return events.registered(self.settings.events, candidate)
+
+    def _promoted(self, candidate: Candidate, approval: dict[str, Any] | None) -> list[Delivery]:
+        """rollout.promoted when a canary's rollout is what publishes `candidate`."""
+        if not approval or approval.get("via") != "rollout":
+            return []
+        data = events.candidate_data(
+            dataclasses.replace(candidate, status="published"),
+            release_id=candidate.id,
+            by=approval.get("by"),
+            verdict=approval.get("rollout"),
+        )
+        return events.deliveries(self.settings.events, "rollout.promoted", candidate.scenario, data)
+
+    def _deploy(
+        self, release: Release, model_uri: str | None = None, also: Sequence[Delivery] = ()
+    ) -> Release:
+        """Deploy `release` (deploy.release.deploy); release.published and `also` are stored
+        with the head's move."""
         if model_uri is not None:
             release = dataclasses.replace(release, model_uri=model_uri)
+        told = [*events.published(self.settings.events, release), *also]
 
         def champion(published: Release) -> None:
             if published.model_uri:
@@ -432,7 +472,7 @@ class ReleaseChain:
                 )
 
         published, timings = deploy(
-            self.store, self.engine, release, keep=self.keep, mirror=champion
+            self.store, self.engine, release, keep=self.keep, mirror=champion, events=told
         )
         log.info(
             "release %s (seq %d) is the head of %s: %s",

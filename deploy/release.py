@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from deploy.engine import EngineTarget, Fleet
@@ -22,6 +22,7 @@ from reef.errors import ReefError
 from reef.harness import harness_of
 from reef.records import Release
 from reef.store.chain import ChainStore
+from reef.store.events import Delivery
 from reef.variants import variant_name
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,11 @@ def deploy(
     *,
     keep: int = 2,
     mirror: Callable[[Release], Any] | None = None,
+    events: Sequence[Delivery] = (),
 ) -> tuple[Release, dict[str, Any]]:
     """Stage, verify, publish (CAS on `release.parent_id`), mirror, retire; returns the stored
-    release and the timings. `keep`: how many newest releases of the chain stay loaded."""
+    release and the timings. `keep`: how many newest releases of the chain stay loaded;
+    `events` (reef.events) are stored with the head's move, in its transaction."""
     timings: dict[str, Any] = {}
     release = _keep_harness(store, release)
     name = variant_name(release.scenario, release.weights_id)
@@ -56,7 +59,7 @@ def deploy(
         # one engine's answer, or each engine's by its label
         timings["verify"] = next(iter(verified.values())) if len(verified) == 1 else verified
     try:
-        published = store.publish_release(release)
+        published = store.publish_release(release, events)
     except BaseException:  # any failure before the head moved (HeadMoved, a kill) unstages
         fleet.unstage(name, staged)
         raise

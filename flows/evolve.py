@@ -27,12 +27,12 @@ from prefect import flow, get_run_logger
 
 from flows import harness, weights
 from flows.experience import consume, evaluation_samples, materialize_snapshot, validate_snapshot
-from flows.release import Registered, release
+from flows.release import Registered, prefect_run, release
 from recipes.harness.recipe import HarnessRecipe
-from reef import evaluation_pool
+from reef import evaluation_pool, events, telemetry
 from reef.artifacts import artifacts_for
 from reef.datasets import Snapshot, load
-from reef.errors import NothingToTrain
+from reef.errors import NothingToTrain, ReefError
 from reef.experience import Experience
 from reef.readiness import EMPTY_POOL
 from reef.recipe import Recipe, WeightsRecipe, load_recipe
@@ -95,29 +95,89 @@ def evolve(
     """Evolve `scenario` once from its eligible experience. Returns what happened: status
     "not_ready" | "nothing_to_train" | "rejected" | "pending" | "published" | "canary" (it
     serves a share of sessions first: rollout.mode canary), with the candidate and release
-    ids."""
+    ids. The run and its four steps are spans (telemetry.otlp_endpoint); a run that raises is
+    an `evolve.failed` event (events.webhooks)."""
+    settings = load_settings(config, **(overrides or {}))
+    traces = telemetry.for_process(settings.telemetry)
+    try:
+        with traces.span("reef.evolve", {"reef.scenario": scenario, "reef.forced": force}) as span:
+            span.set({"reef.flow_run_id": prefect_run().get("flow_run_id")})
+            result = _evolve(scenario, settings, force, traces)
+            span.set(_outcome(result))
+        return result
+    except Exception as e:
+        _failed(settings, scenario, e)
+        raise
+    finally:
+        traces.flush()
+
+
+def _evolve(
+    scenario: str, settings: Settings, force: bool, traces: telemetry.Telemetry
+) -> dict[str, Any]:
+    """The four steps, each a span of its own."""
     import mlflow
 
-    run = prepare(scenario, config, overrides)
-    batch = take_batch(run, force)
-    if isinstance(batch, NotReady):
-        return batch.result()
+    with traces.span("reef.evolve.prepare", {"reef.scenario": scenario}) as span:
+        run = prepare(scenario, settings)
+        span.set({"reef.recipe": run.recipe.name, "reef.head_release_id": run.head.id})
+    with traces.span("reef.evolve.take_batch", {"reef.scenario": scenario}) as span:
+        batch = take_batch(run, force)
+        if isinstance(batch, NotReady):
+            span.set({"reef.status": "not_ready", "reef.eligible": batch.eligible})
+            return batch.result()
+        span.set({"reef.train_rows": len(batch.train_rows), "reef.held_out": len(batch.held_out)})
     with tracked(run, batch) as run_id:
         try:
-            registered = make_candidate(run, batch, run_id)
+            with traces.span("reef.evolve.make_candidate", {"mlflow.run_id": run_id}) as span:
+                registered = make_candidate(run, batch, run_id)
+                span.set(_outcome({"candidate_id": registered.candidate.id}))
         except NothingToTrain as e:
             # Nothing in this batch can teach the recipe (e.g. no answer passed the threshold):
             # consume it, or every new report would retrain on it again.
             mlflow.set_tag("reef.nothing_to_train", e.message[:5000])
             consume(run.settings.database_url, batch.experience, batch.trained_ids, new_id("batch"))
             return {"status": "nothing_to_train", "reason": e.message}
-        return release_candidate(run, batch, registered, run_id)
+        with traces.span("reef.evolve.release_candidate", {"mlflow.run_id": run_id}) as span:
+            result = release_candidate(run, batch, registered, run_id)
+            span.set(_outcome(result))
+        return result
 
 
-def prepare(scenario: str, config: str | None, overrides: dict[str, Any] | None) -> Prepared:
-    """The settings, the recipe (its own gate when the configuration names none), the head and
-    the model a weights recipe trains from."""
-    settings = load_settings(config, **(overrides or {}))
+def _outcome(result: dict[str, Any]) -> dict[str, Any]:
+    """A run's (or step's) result as span attributes."""
+    gate = result.get("gate") or {}
+    return {
+        "reef.status": result.get("status"),
+        "reef.candidate_id": result.get("candidate_id"),
+        "reef.release_id": result.get("release_id"),
+        "reef.gate.status": gate.get("status"),
+        "reef.gate.broken_guard": gate.get("broken_guard"),
+        "mlflow.run_id": result.get("run_id"),
+    }
+
+
+def _failed(settings: Settings, scenario: str, error: Exception) -> None:
+    """The run raised: an `evolve.failed` event for the webhooks that take it (the failure is
+    durable already: nothing of the run was released). Storing it never hides the error."""
+    message = error.message if isinstance(error, ReefError) else f"{type(error).__name__}: {error}"
+    data = {"error": message[:2000], **prefect_run()}
+    found = events.deliveries(settings.events, "evolve.failed", scenario, data)
+    if not found:
+        return
+    try:
+        store = open_store(settings.database_url)
+        try:
+            events.add(store, found)
+        finally:
+            store.close()
+    except Exception as e:
+        get_run_logger().warning("storing the evolve.failed event of %s failed: %s", scenario, e)
+
+
+def prepare(scenario: str, settings: Settings) -> Prepared:
+    """The recipe (its own gate when the configuration names none), the head and the model a
+    weights recipe trains from."""
     loop = settings.reef
     if loop.train_threads:
         import torch

@@ -252,6 +252,7 @@ async def report(request: Request, response: Response) -> ReportOut:
     stored, created = await asyncio.to_thread(svc.store.add_report, report)
     if created:
         svc.metrics.reports.labels(name).inc()
+        svc.telemetry.report(stored)
         if svc.evolver is not None:
             svc.evolver.notify(name)
     else:

@@ -12,6 +12,7 @@ from reef.settings.engine import (
     UpstreamSettings,
     VllmSettings,
 )
+from reef.settings.events import EVENT_KINDS, EventSettings, WebhookSettings
 from reef.settings.gate import GateSettings, GuardSettings
 from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings, TrainSettings
@@ -27,14 +28,17 @@ from reef.settings.secret import (
 from reef.settings.server import ServerSettings, host_name
 from reef.settings.service import Settings, load_settings
 from reef.settings.store import StoreSettings
+from reef.settings.telemetry import TelemetrySettings
 from reef.settings.tracking import TrackingSettings
 
 __all__ = [
+    "EVENT_KINDS",
     "ABSettings",
     "ArtifactSettings",
     "AuthSettings",
     "EmbeddedSettings",
     "EngineSettings",
+    "EventSettings",
     "FleetSettings",
     "GateSettings",
     "GuardSettings",
@@ -47,11 +51,13 @@ __all__ = [
     "Settings",
     "ShadowSettings",
     "StoreSettings",
+    "TelemetrySettings",
     "TokenSettings",
     "TrackingSettings",
     "TrainSettings",
     "UpstreamSettings",
     "VllmSettings",
+    "WebhookSettings",
     "conceal",
     "host_name",
     "load_settings",

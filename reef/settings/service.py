@@ -22,6 +22,7 @@ from reef.errors import ConfigError
 from reef.settings.artifacts import ArtifactSettings
 from reef.settings.auth import AuthSettings
 from reef.settings.engine import FLAT_KEYS, EngineSettings, log_moved, nest_flat_keys
+from reef.settings.events import EventSettings
 from reef.settings.gate import GateSettings
 from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings
@@ -30,6 +31,7 @@ from reef.settings.rollout import RolloutSettings
 from reef.settings.section import describe
 from reef.settings.server import ServerSettings
 from reef.settings.store import StoreSettings
+from reef.settings.telemetry import TelemetrySettings
 from reef.settings.tracking import TrackingSettings
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class Settings(BaseSettings):
     rollout: RolloutSettings = RolloutSettings()
     judge: JudgeSettings = JudgeSettings()
     prefect: PrefectSettings = PrefectSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    events: EventSettings = EventSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -4,7 +4,7 @@ Each noun's Protocol lives in its module with its SQL implementation: scenarios
 (reef.store.scenarios), records with sessions and Idempotency-Keys (.records), reports with
 their references, consumption receipts and score sums (.reports), the release chain and its
 candidates (.chain), jobs (.jobs), shadow records (.shadows), the engine registry (.engines),
-and the database's own life (.database). A caller types against the Protocols it uses;
+the outbox of webhook events (.events), and the database's own life (.database). A caller types against the Protocols it uses;
 `Store` is for the few that need most of them. Every backend (SQLite, Postgres) implements
 them identically: reef.store.sql.SQLStore.
 """
@@ -16,6 +16,7 @@ from typing import Protocol
 from reef.store.chain import ChainStore
 from reef.store.database import Lifecycle
 from reef.store.engines import EngineStore
+from reef.store.events import EventStore
 from reef.store.jobs import JobStore
 from reef.store.quotas import Quotas
 from reef.store.records import RecordStore
@@ -26,6 +27,7 @@ from reef.store.shadows import ShadowStore
 __all__ = [
     "ChainStore",
     "EngineStore",
+    "EventStore",
     "JobStore",
     "Lifecycle",
     "RecordStore",
@@ -45,6 +47,7 @@ class Store(
     JobStore,
     ShadowStore,
     EngineStore,
+    EventStore,
     Protocol,
 ):
     """Durable home of scenarios, records, reports, release chains and candidates.

@@ -4,6 +4,7 @@ candidates that may become them (their status moves by compare-and-swap too)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, insert, select, update
@@ -14,6 +15,7 @@ from reef.records import CANDIDATE_STATUSES, RELEASE_OPERATIONS, Candidate, Rele
 from reef.store import tables
 from reef.store.connect import describe_error
 from reef.store.database import Database
+from reef.store.events import Delivery, insert_deliveries
 from reef.store.rows import candidate_of, candidate_row, release_of, release_row
 
 
@@ -30,9 +32,11 @@ class ChainStore(Protocol):
         """The release the scenario serves now."""
         ...
 
-    def publish_release(self, release: Release) -> Release:
+    def publish_release(self, release: Release, events: Sequence[Delivery] = ()) -> Release:
         """Append `release` to its scenario's chain and make it the head, if and only if the
         head is still `release.parent_id` (compare-and-swap, atomic across processes).
+        `events` (reef.events) are stored in the same transaction: they exist if and only if
+        the head moved.
 
         Returns the stored release: its `seq` is the parent's + 1 and its `created_at` the
         time of publishing, whatever the argument said. HeadMoved (nothing written) when the
@@ -42,9 +46,9 @@ class ChainStore(Protocol):
         ...
 
     # candidates ---------------------------------------------------------------------------
-    def add_candidate(self, candidate: Candidate) -> Candidate:
-        """Store a new candidate; Conflict if its id exists, NotFound if its scenario or its
-        parent release (in that scenario) does not."""
+    def add_candidate(self, candidate: Candidate, events: Sequence[Delivery] = ()) -> Candidate:
+        """Store a new candidate, and `events` in the same transaction; Conflict if its id
+        exists, NotFound if its scenario or its parent release (in that scenario) does not."""
         ...
 
     def get_candidate(self, scenario: str, candidate_id: str) -> Candidate: ...
@@ -63,9 +67,11 @@ class ChainStore(Protocol):
         message: str | None = None,
         model_uri: str | None = None,
         gate: dict[str, Any] | None = None,
+        events: Sequence[Delivery] = (),
     ) -> Candidate:
         """Move a candidate to `status` and stamp `updated_at`; `message`, `model_uri` and
-        `gate` replace the stored values when given (None leaves them).
+        `gate` replace the stored values when given (None leaves them); `events` are stored
+        in the same transaction, so only when the move happens.
 
         With `expected`, a compare-and-swap: Conflict (code "candidate_status") unless the
         stored status is `expected`, so two workers cannot both act on one candidate.
@@ -96,7 +102,7 @@ class SQLChain(Database, ChainStore):
             raise NotFound(f"scenario '{scenario}' not found")
         return release_of(row)
 
-    def publish_release(self, release: Release) -> Release:
+    def publish_release(self, release: Release, events: Sequence[Delivery] = ()) -> Release:
         name, parent = release.scenario, release.parent_id
         if parent is None:
             raise BadRequest(
@@ -129,6 +135,7 @@ class SQLChain(Database, ChainStore):
                 # created_at is when it joined it, so both orders agree.
                 stored = dataclasses.replace(release, seq=parent_seq + 1, created_at=utcnow())
                 conn.execute(insert(t).values(release_row(stored)))
+                insert_deliveries(conn, events)
         except IntegrityError as e:
             # Rolled back: the release id is taken, or another writer took seq + 1 (which
             # the swap above should make impossible, but the unique constraint is the proof).
@@ -152,7 +159,7 @@ class SQLChain(Database, ChainStore):
         )
 
     # candidates ---------------------------------------------------------------------------
-    def add_candidate(self, candidate: Candidate) -> Candidate:
+    def add_candidate(self, candidate: Candidate, events: Sequence[Delivery] = ()) -> Candidate:
         _check_status(candidate.status)
         c, t = tables.candidates, tables.releases
         name = candidate.scenario
@@ -172,6 +179,7 @@ class SQLChain(Database, ChainStore):
                 if conn.execute(select(t.c.id).where(t.c.id == candidate.id)).first():
                     raise Conflict(f"candidate id '{candidate.id}' is already a release's id")
                 conn.execute(insert(c).values(candidate_row(candidate)))
+                insert_deliveries(conn, events)
                 row = conn.execute(select(c).where(c.c.id == candidate.id)).one()
         except IntegrityError as e:
             with self._tx(f"checking a failed insert of candidate '{candidate.id}'") as conn:
@@ -209,6 +217,7 @@ class SQLChain(Database, ChainStore):
         message: str | None = None,
         model_uri: str | None = None,
         gate: dict[str, Any] | None = None,
+        events: Sequence[Delivery] = (),
     ) -> Candidate:
         _check_status(status)
         if expected is not None:
@@ -240,6 +249,7 @@ class SQLChain(Database, ChainStore):
                     f"not moved to '{status}'",
                     code="candidate_status",
                 )
+            insert_deliveries(conn, events)
         return candidate_of(row)
 
 

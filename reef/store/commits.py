@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from reef.errors import StoreError
 from reef.records import Record
 from reef.store.records import RecordStore
+
+log = logging.getLogger(__name__)
 
 
 class GroupCommitter:
@@ -27,9 +30,19 @@ class GroupCommitter:
 
     Counters for metrics: `batches` (commit transactions attempted), `records` (records
     committed), `failed_batches`, `largest_batch`.
+
+    `committed`, when given, is handed each batch's committed records after their waiters
+    were answered (reef.telemetry: it must only queue them); its errors are logged.
     """
 
-    def __init__(self, store: RecordStore, *, window_ms: float = 0.0, max_batch: int = 512):
+    def __init__(
+        self,
+        store: RecordStore,
+        *,
+        window_ms: float = 0.0,
+        max_batch: int = 512,
+        committed: Callable[[Sequence[Record]], None] | None = None,
+    ):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         if window_ms < 0:
@@ -41,6 +54,7 @@ class GroupCommitter:
         self.records = 0
         self.failed_batches = 0
         self.largest_batch = 0
+        self.committed = committed
         self._pending: deque[tuple[Record, asyncio.Future[None]]] = deque()
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
@@ -148,10 +162,20 @@ class GroupCommitter:
                 else:
                     self.failed_batches += 1
                     _fail(future, error)
+            self._tell([r for r, e in zip(records, outcomes, strict=True) if e is None])
             return
         self.records += len(batch)
         for _, future in batch:
             _succeed(future)
+        self._tell(records)
+
+    def _tell(self, records: Sequence[Record]) -> None:
+        if self.committed is None or not records:
+            return
+        try:
+            self.committed(records)
+        except Exception:
+            log.exception("the group committer's `committed` hook failed")
 
     def _one_by_one(self, records: Sequence[Record]) -> list[Exception | None]:
         """Runs in the commit thread: each record in its own transaction."""

@@ -9,6 +9,7 @@ from reef.store.chain import SQLChain
 from reef.store.connect import create_sql_engine
 from reef.store.database import MIGRATIONS
 from reef.store.engines import SQLEngines
+from reef.store.events import SQLEvents
 from reef.store.jobs import SQLJobs
 from reef.store.quotas import SQLQuotas
 from reef.store.records import SQLRecords
@@ -51,6 +52,7 @@ class SQLStore(
     SQLJobs,
     SQLShadows,
     SQLEngines,
+    SQLEvents,
     Store,
 ):
     """Every noun's SQL store on one SQLAlchemy engine (one pool, one set of transactions).

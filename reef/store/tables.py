@@ -397,6 +397,38 @@ class EngineRow(SQLModel, table=True):
     heartbeat_at: datetime = Field(sa_column=Column("heartbeat_at", UTCDateTime, nullable=False))
 
 
+class EventDeliveryRow(SQLModel, table=True):
+    """The outbox of webhook events (reef.events): one row per event and webhook, written in
+    the transaction of the state change it tells of, sent by the deliverer and marked
+    delivered (or, after its tries, failed). `body` is the exact JSON sent and signed on
+    every try; `event_id` is shared by the event's rows for every webhook and by every try."""
+
+    __tablename__ = "event_deliveries"
+    __table_args__ = (
+        Index("ix_event_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_event_deliveries_scenario", "scenario", "created_at"),
+    )
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    event_id: str = Field(sa_column=Column("event_id", Key, nullable=False))
+    kind: str = Field(sa_column=Column("kind", String, nullable=False))
+    scenario: str | None = Field(default=None, sa_column=Column("scenario", Key, nullable=True))
+    url: str = Field(sa_column=Column("url", Text, nullable=False))
+    body: str = Field(sa_column=Column("body", Text, nullable=False))
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    status: str = Field(sa_column=Column("status", String, nullable=False))
+    attempts: int = Field(sa_column=Column("attempts", Integer, nullable=False))
+    next_attempt_at: datetime = Field(
+        sa_column=Column("next_attempt_at", UTCDateTime, nullable=False)
+    )
+    delivered_at: datetime | None = Field(
+        default=None, sa_column=Column("delivered_at", UTCDateTime, nullable=True)
+    )
+    last_error: str | None = Field(
+        default=None, sa_column=Column("last_error", Text, nullable=True)
+    )
+
+
 # Core handles on the tables: the store writes and reads through these (no ORM objects on
 # the hot path).
 scenarios: Table = SQLModel.metadata.tables["scenarios"]
@@ -411,3 +443,4 @@ jobs: Table = SQLModel.metadata.tables["jobs"]
 scenario_deletions: Table = SQLModel.metadata.tables["scenario_deletions"]
 ui_sessions: Table = SQLModel.metadata.tables["ui_sessions"]
 engines: Table = SQLModel.metadata.tables["engines"]
+event_deliveries: Table = SQLModel.metadata.tables["event_deliveries"]

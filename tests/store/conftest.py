@@ -12,6 +12,7 @@ import pytest
 from reef.records import Record, new_id, utcnow
 from reef.store.chain import ChainStore, SQLChain
 from reef.store.engines import EngineStore, SQLEngines
+from reef.store.events import EventStore, SQLEvents
 from reef.store.jobs import JobStore, SQLJobs
 from reef.store.records import RecordStore, SQLRecords
 from reef.store.reports import ReportStore, SQLReports
@@ -91,3 +92,8 @@ def shadow_store(store: SQLStore) -> ShadowStore:
 @pytest.fixture
 def engine_store(store: SQLStore) -> EngineStore:
     return SQLEngines(store.engine)
+
+
+@pytest.fixture
+def event_store(store: SQLStore) -> EventStore:
+    return SQLEvents(store.engine)

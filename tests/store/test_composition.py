@@ -10,6 +10,7 @@ import pytest
 from reef.store.base import (
     ChainStore,
     EngineStore,
+    EventStore,
     JobStore,
     Lifecycle,
     RecordStore,
@@ -21,6 +22,7 @@ from reef.store.base import (
 from reef.store.chain import SQLChain
 from reef.store.database import Database
 from reef.store.engines import SQLEngines
+from reef.store.events import SQLEvents
 from reef.store.jobs import SQLJobs
 from reef.store.records import SQLRecords
 from reef.store.reports import SQLReports
@@ -37,6 +39,7 @@ NOUNS: list[tuple[type, type]] = [
     (JobStore, SQLJobs),
     (ShadowStore, SQLShadows),
     (EngineStore, SQLEngines),
+    (EventStore, SQLEvents),
 ]
 
 
@@ -63,7 +66,7 @@ def test_store_is_the_union_of_the_nouns_and_sql_store_has_it_all() -> None:
     assert sum(len(m) for m in nouns) == len(set().union(*nouns))  # no method in two nouns
     assert _methods(Store) == set()  # nothing of its own
     everything = set().union(*nouns)
-    assert len(everything) == 47
+    assert len(everything) == 52
     for name in everything:
         owner = next(c for c in SQLStore.__mro__ if name in vars(c))
         assert not getattr(owner, "_is_protocol", False), f"SQLStore.{name} is a Protocol stub"

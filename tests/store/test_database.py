@@ -39,6 +39,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "shadow_records",
         "engines",
         "quota_counters",
+        "event_deliveries",
     }
     for table in (
         tables.scenarios,

@@ -1,5 +1,5 @@
 """Jobs: the users' /reef/train instructions with their steps, the evolve runs by the
-candidate each left, and (admins) asking the evolve worker to look at the scenario now."""
+candidate each left, the webhook events told, and (admins) asking the evolve worker to look at the scenario now."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api.ui.pages.common import admin_form, back, call, page, render, scoped
+from api.ui.views.events import event_rows
 from reef.errors import ServiceUnavailable
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -19,6 +20,7 @@ async def jobs(request: Request, scenario: str) -> Response:
     await call(svc.store.get_scenario, name)
     found = await call(svc.browse.jobs, name)
     runs = await call(svc.store.list_candidates, name)
+    told = await call(svc.store.recent_deliveries, name, 20)
     live = any(j.status in ("queued", "running") for j in found)
     return render(
         request,
@@ -30,6 +32,7 @@ async def jobs(request: Request, scenario: str) -> Response:
         runs=runs[:50],
         live=live,
         worker=svc.evolver is not None,
+        events=event_rows(told),
     )
 
 
