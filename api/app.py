@@ -37,6 +37,8 @@ from reef.store.base import Store
 from reef.wire import (
     AnthropicMessagesRequest,
     ChatCompletionRequest,
+    EngineGenerateIn,
+    HarnessIn,
     LoadAdapterIn,
     LoadWeightsIn,
     RefreshIn,
@@ -44,6 +46,7 @@ from reef.wire import (
     ReportIn,
     ResponsesRequest,
     ScenarioIn,
+    TrainIn,
     UnloadAdapterIn,
     VariantIn,
 )
@@ -64,6 +67,11 @@ _REQUEST_MODELS = (
     LoadWeightsIn,
     VariantIn,
     RefreshIn,
+    # referenced by the harness, train and engine-generate routes (ReDoc renders nothing
+    # while a $ref dangles)
+    HarnessIn,
+    TrainIn,
+    EngineGenerateIn,
 )
 
 
@@ -106,6 +114,9 @@ def create_app(
             "a receipt (`x-reef-agent-record-id`), plus feedback reports against receipts."
         ),
         lifespan=lifespan,
+        # /docs and /redoc are api.ui.docs: FastAPI's own load their scripts from CDNs.
+        docs_url=None,
+        redoc_url=None,
         # Our metrics are Prometheus (/metrics). FastAPI's OpenTelemetry hooks would otherwise
         # look up the global providers on every request (measured: 1.5-5% of the hot path).
         telemetry={"tracing": False, "metrics": False, "logs": False},
