@@ -8,6 +8,7 @@ import functools
 import gc
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from starlette.requests import Request
 
 from api import registration
 from api.auth import Authenticator, Principal
+from api.dependencies import Dependencies
 from api.evolver import Evolver
 from api.metrics import Metrics
 from api.quotas import QuotaCollector, QuotaGate
@@ -25,10 +27,12 @@ from deploy.engine import EngineTarget, Fleet, engines_for
 from reef import evaluation_pool
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.background import BackgroundTask
+from reef.deletion import Cleaner
 from reef.engines.base import Deployable, Engine
 from reef.errors import BadRequest, ServiceUnavailable
 from reef.harness import HarnessCache
 from reef.limits import Limits
+from reef.registry.clients import bound_http_requests
 from reef.rollouts import Rollouts
 from reef.serving import Serving
 from reef.settings import Settings
@@ -55,7 +59,8 @@ class Services:
 
     Background work (reef.background) runs beside the requests: the engine registry's
     heartbeat (engine.fleet.registry), the rollout watcher, the readiness numbers behind /metrics,
-    the shadow copies' writer, and the evolve worker process (reef.auto)."""
+    the shadow copies' writer, deleted scenarios' clean-up, and the evolve worker process
+    (reef.auto)."""
 
     settings: Settings
     engine: Engine
@@ -71,10 +76,13 @@ class Services:
     readiness: ReadinessCollector  # experience readiness in /metrics
     watcher: BackgroundTask  # checks the live canaries (api.rollouts)
     quotas: QuotaGate  # auth.tokens[].quota: admits calls, counts their tokens
+    cleaner: Cleaner  # deleted scenarios' files and MLflow entries, off the request path
+    dependencies: Dependencies  # what /readyz reports
     heartbeat: BackgroundTask | None = None  # the engine registry's entry (engine.fleet.registry)
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
     _catch_up: asyncio.Task[list[str]] | None = field(default=None, init=False, repr=False)
+    _unbound: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def build(
@@ -153,6 +161,8 @@ class Services:
             readiness=readiness,
             quotas=quotas,
             watcher=rollout_watcher(chain, rollouts, settings.rollout.check_interval_s),
+            cleaner=Cleaner(store, settings, artifacts),
+            dependencies=Dependencies(store, engine, artifacts, settings.tracking_uri, evolver),
             heartbeat=heartbeat,
             variants=variants,
             evolver=evolver,
@@ -172,9 +182,14 @@ class Services:
             await asyncio.to_thread(self.heartbeat.start)
         if self.evolver is not None:
             self.evolver.start()
+        # After the worker started (it inherits the environment): its training runs upload
+        # to MLflow without this process's bounds.
+        tracking = self.settings.tracking
+        self._unbound = bound_http_requests(tracking.http_timeout_s, tracking.http_retries)
         if self.serving.shadows is not None:
             self.serving.shadows.start()
         self.watcher.start()
+        self.cleaner.start()
         self.readiness.start()
         # Everything loaded so far (framework, engine, model) lives as long as the process:
         # move it out of the collector's sight. Measured: full collections scanning it were
@@ -191,6 +206,7 @@ class Services:
         the other engines' clients, the store."""
         await asyncio.to_thread(self.readiness.stop)
         await asyncio.to_thread(self.watcher.stop)
+        await asyncio.to_thread(self.cleaner.stop)  # what is still queued is for `reef gc`
         if self._catch_up is not None:
             self._catch_up.cancel()
         if self.heartbeat is not None:
@@ -205,6 +221,9 @@ class Services:
         if isinstance(self.engines, Fleet):
             self.engines.close()  # its HTTP clients of the other engines
         self.store.close()
+        if self._unbound is not None:
+            self._unbound()
+        log.info("reef stopped")
 
     @functools.cached_property
     def browse(self) -> Browse:

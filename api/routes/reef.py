@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from api.answers import schema_ref
 from api.bodies import read_json, validate
 from api.services import caller, check_scenario_name, services
-from reef.deletion import finish
 from reef.errors import BadRequest, ReefError
 from reef.records import Record, Report, Scenario, new_id, utcnow
 from reef.wire import (
@@ -81,15 +80,9 @@ async def get_scenario(request: Request, scenario: str) -> ScenarioOut:
 
 @router.delete(
     "/scenarios/{scenario}",
-    status_code=204,
+    status_code=202,
     summary="Delete a scenario with its records, reports, releases, files and MLflow entries "
-    "(admin)",
-    responses={
-        202: {
-            "description": "deleted from the database; its files or MLflow entries could not "
-            "all be removed now (`reef gc` finishes)"
-        }
-    },
+    "(admin): the rows at once, the files and MLflow entries in the background",
 )
 async def delete_scenario(request: Request, scenario: str) -> Response:
     svc, principal, name = caller(request, scenario)
@@ -104,16 +97,17 @@ async def delete_scenario(request: Request, scenario: str) -> Response:
                     await svc.variants.unload(variant)
                 except ReefError as e:  # the deletion stands; the engine keeps a dead variant
                     log.warning("unloading %s failed: %s", variant, e.message)
-    done = await asyncio.to_thread(finish, svc.store, svc.settings, svc.artifacts, name)
-    if done.done:
-        return Response(status_code=204)
+    # Files and MLflow entries off the request path: an unreachable S3 or MLflow never holds
+    # the answer (reef.deletion.Cleaner; what it cannot finish, `reef gc` does).
+    svc.cleaner.add(name)
     return JSONResponse(
         {
             "object": "scenario.deletion",
             "scenario": name,
             "status": "pending",
-            "message": f"scenario '{name}' is deleted; removing its files and MLflow entries "
-            f"failed ({done.error}): run `reef gc` to finish",
+            "message": f"scenario '{name}' is deleted; its files and MLflow entries are being "
+            "removed in the background (until then the name cannot be used again; `reef gc` "
+            "finishes what a failed or interrupted clean-up leaves)",
         },
         status_code=202,
     )
