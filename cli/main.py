@@ -23,6 +23,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "port": ("server", "port"),
         "state_dir": ("server", "state_dir"),
         "log_level": ("server", "log_level"),
+        "log_format": ("server", "log_format"),
         "engine": ("engine", "kind"),
         "model": ("engine", "model"),
         "upstream_url": ("engine", "upstream", "url"),
@@ -236,6 +237,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--upstream-model", help="model name sent upstream (default: discovered)")
     s.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-format", choices=["text", "json"], help="log lines (default text)")
     s.add_argument("--access-log", action="store_true", help="log every request")
     s.set_defaults(func=serve)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from reef import logs
 from reef.engines.base import Engine
 from reef.errors import ReefError
 from reef.settings import Settings, load_settings
@@ -54,13 +55,11 @@ def serve(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     """Serve until stopped. A start that fails (the database, the engine, the port) is one
     line on stderr and exit status 1, never a traceback; "serving on" is printed only once the
     store, the engine and the socket are ready."""
+    logs.quiet_progress_bars()  # before transformers and the worker read the variables
     from api.app import create_app
 
     settings = load_settings(args.config, **overrides)
-    logging.basicConfig(
-        level=settings.server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.server.log_level, settings.server.log_format)
     settings.server.state_dir.mkdir(parents=True, exist_ok=True)
     sock = _listen(settings.server.host, settings.server.port)  # in use: fail before loading
     engine = build_engine(settings)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reef import anthropic, responses
+from reef import anthropic, logs, responses
 from reef.engines.base import Completion, Engine, ServesResponses
 from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
@@ -235,6 +235,7 @@ class Serving:
         Raises IdempotencyKeyReused (409) when the key names a different request body.
         """
         record_id = new_id("rec")
+        logs.for_call(scenario.name, record_id)  # what this call logs names them
         base_body = engine_body
         arm = None
         if self.rollouts is not None:
