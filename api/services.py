@@ -142,10 +142,6 @@ class Services:
         metrics.registry.register(readiness)
         quotas = QuotaGate(settings.auth.tokens, store.quotas, metrics.registry)
         metrics.registry.register(QuotaCollector(quotas))
-        heartbeat = None
-        if settings.engine.fleet.registry:  # deploys made anywhere reach this engine
-            own = settings.engine_advertise_url
-            heartbeat = registration.heartbeat(store, own, settings.engine.fleet.heartbeat_s)
         return cls(
             settings=settings,
             engine=engine,
@@ -163,7 +159,7 @@ class Services:
             watcher=rollout_watcher(chain, rollouts, settings.rollout.check_interval_s),
             cleaner=Cleaner(store, settings, artifacts),
             dependencies=Dependencies(store, engine, artifacts, settings.tracking_uri, evolver),
-            heartbeat=heartbeat,
+            heartbeat=_heartbeat(settings, store),
             variants=variants,
             evolver=evolver,
         )
@@ -241,6 +237,15 @@ class Services:
     def ui_sessions(self) -> UISessions:
         """The dashboard's sign-in sessions, in the database every replica shares."""
         return UISessions(self.store)
+
+
+def _heartbeat(settings: Settings, store: Store) -> BackgroundTask | None:
+    """The engine registry's entry (engine.fleet.registry: deploys made anywhere reach this
+    engine), or None."""
+    if not settings.engine.fleet.registry:
+        return None
+    own = settings.engine_advertise_url
+    return registration.heartbeat(store, own, settings.engine.fleet.heartbeat_s)
 
 
 class LocalEngine:

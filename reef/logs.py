@@ -34,10 +34,12 @@ _REQUEST_ID = "reef.request_id"
 _MAX_REQUEST_ID = 128
 
 
-def for_call(scenario: str, record_id: str) -> None:
-    """The call being served from here on (in this task) is `record_id` of `scenario`."""
+def for_call(scenario: str, record_id: str) -> str:
+    """The call being served from here on (in this task) is `record_id` of `scenario`;
+    returns `record_id`."""
     SCENARIO.set(scenario)
     RECORD.set(record_id)
+    return record_id
 
 
 def request_id() -> str | None:

@@ -234,8 +234,7 @@ class Serving:
 
         Raises IdempotencyKeyReused (409) when the key names a different request body.
         """
-        record_id = new_id("rec")
-        logs.for_call(scenario.name, record_id)  # what this call logs names them
+        record_id = logs.for_call(scenario.name, new_id("rec"))  # what it logs names them
         base_body = engine_body
         arm = None
         if self.rollouts is not None:
