@@ -97,12 +97,24 @@ test-ui: venv
 screenshots: venv
 	REEF_UI_SCREENSHOTS=$(abspath docs) $(BIN)/pytest -m ui -s $(PYTEST_ARGS)
 
-# The dashboard's vendored chart library (uPlot): installed from npm by its lockfile, and the
-# built files copied into api/ui/static/ (committed, so serving needs no npm).
+# The browser assets Reef serves itself: the dashboard's chart library (uPlot) and the API docs'
+# Swagger UI (/docs) and ReDoc (/redoc), installed from npm by their lockfile, and the built
+# files copied into api/ui/static/ (committed, so serving needs no npm and no CDN). ReDoc's side
+# menu loads its maker's logo from a CDN: an empty image instead; then no file names a CDN.
+UI_NPM := api/ui/node_modules
+REDOC_NO_LOGO := data:image/svg+xml,%3Csvg xmlns=%22http://www.w3.org/2000/svg%22 width=%220%22 height=%220%22/%3E
 ui:
 	cd api/ui && npm ci --no-audit --no-fund
-	cp api/ui/node_modules/uplot/dist/uPlot.iife.min.js api/ui/node_modules/uplot/dist/uPlot.min.css api/ui/static/
-	cp api/ui/node_modules/uplot/LICENSE api/ui/static/uPlot.LICENSE
+	cp $(UI_NPM)/uplot/dist/uPlot.iife.min.js $(UI_NPM)/uplot/dist/uPlot.min.css api/ui/static/
+	cp $(UI_NPM)/uplot/LICENSE api/ui/static/uPlot.LICENSE
+	cp $(UI_NPM)/swagger-ui-dist/swagger-ui-bundle.js $(UI_NPM)/swagger-ui-dist/swagger-ui-bundle.js.LICENSE.txt \
+	    $(UI_NPM)/swagger-ui-dist/swagger-ui.css api/ui/static/
+	cp $(UI_NPM)/swagger-ui-dist/LICENSE api/ui/static/swagger-ui.LICENSE
+	cp $(UI_NPM)/swagger-ui-dist/NOTICE api/ui/static/swagger-ui.NOTICE
+	cp $(UI_NPM)/redoc/bundles/redoc.standalone.js $(UI_NPM)/redoc/bundles/redoc.standalone.js.LICENSE.txt api/ui/static/
+	cp $(UI_NPM)/redoc/LICENSE api/ui/static/redoc.LICENSE
+	sed -i 's|https://cdn.redoc.ly/redoc/logo-mini.svg|$(REDOC_NO_LOGO)|' api/ui/static/redoc.standalone.js
+	! grep -l 'cdn\.\|googleapis\|unpkg\|jsdelivr' api/ui/static/*
 
 # Real vLLM behind `reef serve --engine vllm`: serving, LoRA and full-weight deploys.
 test-vllm: venv vllm-venv

@@ -77,6 +77,9 @@ def create_app(
             "a receipt (`x-reef-agent-record-id`), plus feedback reports against receipts."
         ),
         lifespan=lifespan,
+        # /docs and /redoc are api.ui.docs: FastAPI's own load their scripts from CDNs.
+        docs_url=None,
+        redoc_url=None,
         # Our metrics are Prometheus (/metrics). FastAPI's OpenTelemetry hooks would otherwise
         # look up the global providers on every request (measured: 1.5-5% of the hot path).
         telemetry={"tracing": False, "metrics": False, "logs": False},

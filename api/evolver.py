@@ -58,6 +58,11 @@ class Evolver:
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True, env=env)
         log.info("evolve worker started (pid %d)", self._proc.pid)
 
+    def exit_code(self) -> int | None:
+        """None while the worker runs (or before it started); its exit code once it ended."""
+        proc = self._proc
+        return None if proc is None else proc.poll()
+
     def notify(self, scenario: str) -> bool:
         """A report arrived for `scenario` (or the dashboard asked): the worker checks whether a
         batch is ready. False when the worker is not running."""

@@ -8,6 +8,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reef.logs import REQUEST
+
 _LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -131,6 +133,7 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        REQUEST.set(scope)  # this request's task: what it logs names it (reef.logs)
         start = time.perf_counter()
         status = 500
 

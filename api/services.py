@@ -8,6 +8,7 @@ import functools
 import gc
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from starlette.requests import Request
 
 from api import registration
 from api.auth import Authenticator, Principal
+from api.dependencies import Dependencies
 from api.evolver import Evolver
 from api.metrics import Metrics
 from api.quotas import QuotaCollector, QuotaGate
@@ -26,10 +28,12 @@ from deploy.engine import EngineTarget, Fleet, engines_for
 from reef import evaluation_pool, events
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.background import BackgroundTask
+from reef.deletion import Cleaner
 from reef.engines.base import Deployable, Engine
 from reef.errors import BadRequest, ServiceUnavailable
 from reef.harness import HarnessCache
 from reef.limits import Limits
+from reef.registry.clients import bound_http_requests
 from reef.rollouts import Rollouts
 from reef.serving import Serving
 from reef.settings import Settings
@@ -58,7 +62,7 @@ class Services:
     Background work (reef.background) runs beside the requests: the engine registry's
     heartbeat (engine.fleet.registry), the rollout watcher, the readiness numbers behind /metrics,
     the shadow copies' writer, the webhook events' deliverer (events.webhooks), the OTLP span
-    export (telemetry.otlp_endpoint), and the evolve worker process (reef.auto)."""
+    export (telemetry.otlp_endpoint), deleted scenarios' clean-up, and the evolve worker process (reef.auto)."""
 
     settings: Settings
     engine: Engine
@@ -74,12 +78,15 @@ class Services:
     readiness: ReadinessCollector  # experience readiness in /metrics
     watcher: BackgroundTask  # checks the live canaries (api.rollouts)
     quotas: QuotaGate  # auth.tokens[].quota: admits calls, counts their tokens
+    cleaner: Cleaner  # deleted scenarios' files and MLflow entries, off the request path
+    dependencies: Dependencies  # what /readyz reports
     heartbeat: BackgroundTask | None = None  # the engine registry's entry (engine.fleet.registry)
     variants: Variants | None = None  # None: the engine cannot load releases
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
     telemetry: Telemetry = OFF  # OTLP traces (telemetry.otlp_endpoint)
     deliverer: BackgroundTask | None = None  # webhook events (events.webhooks)
     _catch_up: asyncio.Task[list[str]] | None = field(default=None, init=False, repr=False)
+    _unbound: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def build(
@@ -135,10 +142,6 @@ class Services:
         metrics.registry.register(readiness)
         quotas = QuotaGate(settings.auth.tokens, store.quotas, metrics.registry)
         metrics.registry.register(QuotaCollector(quotas))
-        heartbeat = None
-        if settings.engine.fleet.registry:  # deploys made anywhere reach this engine
-            own = settings.engine_advertise_url
-            heartbeat = registration.heartbeat(store, own, settings.engine.fleet.heartbeat_s)
         return cls(
             settings=settings,
             engine=engine,
@@ -154,7 +157,9 @@ class Services:
             readiness=readiness,
             quotas=quotas,
             watcher=rollout_watcher(chain, rollouts, settings.rollout.check_interval_s),
-            heartbeat=heartbeat,
+            cleaner=Cleaner(store, settings, artifacts),
+            dependencies=Dependencies(store, engine, artifacts, settings.tracking_uri, evolver),
+            heartbeat=_heartbeat(settings, store),
             variants=variants,
             evolver=evolver,
             telemetry=telemetry,
@@ -176,9 +181,14 @@ class Services:
             await asyncio.to_thread(self.heartbeat.start)
         if self.evolver is not None:
             self.evolver.start()
+        # After the worker started (it inherits the environment): its training runs upload
+        # to MLflow without this process's bounds.
+        tracking = self.settings.tracking
+        self._unbound = bound_http_requests(tracking.http_timeout_s, tracking.http_retries)
         if self.serving.shadows is not None:
             self.serving.shadows.start()
         self.watcher.start()
+        self.cleaner.start()
         self.readiness.start()
         self.quotas.start()
         if self.deliverer is not None:
@@ -201,6 +211,7 @@ class Services:
         await asyncio.to_thread(self.quotas.stop)  # what it counted reaches the database
         if self.deliverer is not None:
             await asyncio.to_thread(self.deliverer.stop)
+        await asyncio.to_thread(self.cleaner.stop)  # what is still queued is for `reef gc`
         if self._catch_up is not None:
             self._catch_up.cancel()
         if self.heartbeat is not None:
@@ -216,6 +227,9 @@ class Services:
         if isinstance(self.engines, Fleet):
             self.engines.close()  # its HTTP clients of the other engines
         self.store.close()
+        if self._unbound is not None:
+            self._unbound()
+        log.info("reef stopped")
 
     @functools.cached_property
     def browse(self) -> Browse:
@@ -250,6 +264,15 @@ def _committer_and_metrics(
     if telemetry.enabled:
         metrics.registry.register(TelemetryCollector(telemetry))
     return committer, metrics
+
+
+def _heartbeat(settings: Settings, store: Store) -> BackgroundTask | None:
+    """The engine registry's entry (engine.fleet.registry: deploys made anywhere reach this
+    engine), or None."""
+    if not settings.engine.fleet.registry:
+        return None
+    own = settings.engine_advertise_url
+    return registration.heartbeat(store, own, settings.engine.fleet.heartbeat_s)
 
 
 class LocalEngine:

@@ -28,6 +28,7 @@ FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
     "port": ("server", "port"),
     "state_dir": ("server", "state_dir"),
     "log_level": ("server", "log_level"),
+    "log_format": ("server", "log_format"),
     "engine": ("engine", "kind"),
     "model": ("engine", "model"),
     "upstream_url": ("engine", "upstream", "url"),
@@ -331,6 +332,7 @@ def _serve_command(sub: Subcommands) -> None:
     s.add_argument("--upstream-model", help="model name sent upstream (default: discovered)")
     s.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-format", choices=["text", "json"], help="log lines (default text)")
     s.add_argument("--access-log", action="store_true", help="log every request")
     s.set_defaults(func=serve)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.worker import in_flight, prefect_server, preload, ready, run_job, run_once, warmup
+from reef import logs
 from reef.background import BackgroundTask
 from reef.errors import ReefError
 from reef.settings import Settings, load_settings
@@ -146,6 +147,7 @@ class Worker:
             store.close()
 
     def _job(self, scenario: str, job_id: str) -> None:
+        logs.SCENARIO.set(scenario)  # this run's thread: its lines name the scenario
         try:
             log.info("%s: job %s", scenario, job_id)
             result = run_job(self.settings, scenario, job_id, self.config, self.overrides)
@@ -156,6 +158,7 @@ class Worker:
             log.exception("%s: job %s failed", scenario, job_id)
 
     def _evolve(self, scenario: str) -> None:
+        logs.SCENARIO.set(scenario)  # this run's thread: its lines name the scenario
         try:
             is_ready, eligible = ready(self.settings, scenario, self.kind)
             if not is_ready:
@@ -281,10 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     overrides = json.loads(args.overrides)
     settings = load_settings(Path(args.config) if args.config else None, **overrides)
-    logging.basicConfig(
-        level=settings.server.log_level.upper(),
-        format="%(asctime)s %(levelname)s reef.worker: %(message)s",
-    )
+    logs.quiet_progress_bars()
+    logs.configure(settings.server.log_level, settings.server.log_format, process="worker")
     # Great Expectations logs ~40 INFO lines per validation about its own plugins.
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     worker = Worker(settings, args.config, overrides)

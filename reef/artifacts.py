@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,10 @@ class ArtifactStore(ABC):
         """Delete every key under `prefix` + "/" (a deleted scenario's datasets, say); returns
         how many went. Idempotent: nothing there, nothing to do. Keys beside the prefix that
         merely start with it ("datasets/a2/..." for "datasets/a") are left alone."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise StoreError unless the store can be written now (readiness: no side effects)."""
 
     # trees: a release's files (an adapter or a checkpoint directory) under one prefix -------
     def put_tree(self, prefix: str, path: Path) -> str:
@@ -146,6 +151,14 @@ class LocalArtifacts(ArtifactStore):
     def uri(self, key: str) -> str:
         return self._path(key).as_uri() if key else self.root.as_uri()
 
+    def ping(self) -> None:
+        # The directory is made on the first write: then its nearest existing parent counts.
+        place = self.root
+        while not place.exists() and place != place.parent:
+            place = place.parent
+        if not place.is_dir() or not os.access(place, os.W_OK | os.X_OK):
+            raise StoreError(f"artifact directory {self.root} is not writable")
+
     def fetch_tree(self, prefix: str, dest: Path) -> Path:
         """Already local: the tree's own directory, once its manifest says it is complete."""
         if not self.exists(f"{prefix}/{MANIFEST}"):
@@ -180,6 +193,25 @@ class LocalArtifacts(ArtifactStore):
         return n
 
 
+@dataclass(frozen=True)
+class S3Limits:
+    """How long an S3 call may wait and how often it is tried (artifacts.s3_*): boto3's own
+    defaults wait 60 s per connection and per read."""
+
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    max_attempts: int = 3
+
+    def config(self) -> Any:
+        from botocore.config import Config
+
+        return Config(
+            connect_timeout=self.connect_timeout_s,
+            read_timeout=self.read_timeout_s,
+            retries={"max_attempts": self.max_attempts, "mode": "standard"},
+        )
+
+
 class S3Artifacts(ArtifactStore):
     """A bucket (and key prefix) on S3 or an S3-compatible server (MinIO, moto). Credentials
     come from boto3's usual chain: environment, shared config/credentials files, instance role."""
@@ -192,12 +224,15 @@ class S3Artifacts(ArtifactStore):
         endpoint_url: str | None = None,
         region: str | None = None,
         client: Any = None,
+        limits: S3Limits = S3Limits(),
     ):
         import boto3  # imported here: only S3 users pay for it
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.client = client or boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+        self.client = client or boto3.client(
+            "s3", endpoint_url=endpoint_url, region_name=region, config=limits.config()
+        )
 
     def __repr__(self) -> str:
         return f"S3Artifacts({self.uri('')!r})"
@@ -270,6 +305,14 @@ class S3Artifacts(ArtifactStore):
             raise StoreError(f"deleting {self.uri(prefix)} failed: {e}") from None
         return n
 
+    def ping(self) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"bucket {self.bucket} is unreachable: {e}") from None
+
     def exists(self, key: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -289,7 +332,11 @@ class S3Artifacts(ArtifactStore):
 
 
 def open_artifacts(
-    url: str | Path, *, endpoint_url: str | None = None, region: str | None = None
+    url: str | Path,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    limits: S3Limits = S3Limits(),
 ) -> ArtifactStore:
     """ "s3://bucket/prefix" opens S3Artifacts; a path (or file:// uri) opens LocalArtifacts."""
     text = str(url)
@@ -297,16 +344,18 @@ def open_artifacts(
         bucket, _, prefix = text.removeprefix("s3://").partition("/")
         if not bucket:
             raise ConfigError(f"artifact url '{text}' names no bucket (s3://bucket/prefix)")
-        return S3Artifacts(bucket, prefix, endpoint_url=endpoint_url, region=region)
+        return S3Artifacts(bucket, prefix, endpoint_url=endpoint_url, region=region, limits=limits)
     if "://" in text and not text.startswith("file://"):
         raise ConfigError(f"artifact url '{text}': use a directory path or s3://bucket/prefix")
     return LocalArtifacts(text.removeprefix("file://"))
 
 
 def artifacts_for(settings: Settings) -> ArtifactStore:
-    """The configured artifact store (`artifacts.url`, its S3 endpoint and region)."""
+    """The configured artifact store (`artifacts.url`, its S3 endpoint, region and limits)."""
+    cfg = settings.artifacts
     return open_artifacts(
         settings.artifacts_url,
-        endpoint_url=settings.artifacts.s3_endpoint_url,
-        region=settings.artifacts.s3_region,
+        endpoint_url=cfg.s3_endpoint_url,
+        region=cfg.s3_region,
+        limits=S3Limits(cfg.s3_connect_timeout_s, cfg.s3_read_timeout_s, cfg.s3_max_attempts),
     )

@@ -12,7 +12,9 @@ database cannot take with it goes next, by `finish`:
 - MLflow's registered model ``reef-<s>`` with its versions, and the runs and logged models of
   experiment ``reef/<s>`` with their artifacts (`reef.registry.removal`).
 
-The tombstone is dropped only once all of that is gone. When a step fails (S3 or MLflow
+A serving process runs `finish` off the request path (`Cleaner`, a background task): the
+DELETE answers once the deletion is committed, however slow S3 or MLflow are. The tombstone is
+dropped only once all of that is gone. When a step fails (S3 or MLflow
 unreachable) or never runs (the process died after the commit), the tombstone stays and
 `collect_garbage` — the `reef gc` command — runs the same steps again later; each is
 idempotent. While a tombstone exists the name cannot be used again, so a new scenario never
@@ -23,10 +25,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reef.background import BackgroundTask
 from reef.errors import NotFound
 
 if TYPE_CHECKING:
@@ -118,6 +122,39 @@ def collect_garbage(
 ) -> list[Cleanup]:
     """Finish every pending deletion (oldest first): what `reef gc` runs."""
     return [finish(store, settings, artifacts, d.scenario) for d in store.pending_deletions()]
+
+
+class Cleaner:
+    """`finish` for the scenarios a serving process deleted, one after another on a thread of
+    its own: `add` returns at once. A name still queued when the process stops, or whose
+    clean-up failed, keeps its tombstone for `reef gc`."""
+
+    def __init__(self, store: ScenarioStore, settings: Settings, artifacts: ArtifactStore):
+        self.store = store
+        self.settings = settings
+        self.artifacts = artifacts
+        self._queue: list[str] = []
+        self._lock = threading.Lock()
+        self.task = BackgroundTask("scenario-cleanup", self._step)
+
+    def add(self, scenario: str) -> None:
+        with self._lock:
+            self._queue.append(scenario)
+        self.task.trigger()
+
+    def _step(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                scenario = self._queue.pop(0)
+            finish(self.store, self.settings, self.artifacts, scenario)
+
+    def start(self) -> None:
+        self.task.start()
+
+    def stop(self) -> None:
+        self.task.stop()
 
 
 def _mlflow_may_hold_anything(tracking_uri: str) -> bool:

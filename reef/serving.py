@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reef import anthropic, responses
+from reef import anthropic, logs, responses
 from reef.engines.base import Completion, Engine, ServesResponses
 from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
@@ -240,7 +240,7 @@ class Serving:
         no variant and no harness is put into it. Raises IdempotencyKeyReused (409) when the
         key names a different request body.
         """
-        record_id = new_id("rec")
+        record_id = logs.for_call(scenario.name, new_id("rec"))  # what it logs names them
         base_body = engine_body
         arm = None
         if self.rollouts is not None:

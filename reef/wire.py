@@ -633,7 +633,26 @@ class Liveness(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+class DependencyState(BaseModel):
+    """One dependency's state in /readyz."""
+
+    state: Literal["ok", "unavailable", "off", "unchecked"] = Field(
+        description="off: not configured; unchecked: a kind of it that is not checked"
+    )
+    needed_to: Literal["serve", "learn"] = Field(
+        description="serve: the process is not ready without it; learn: only degraded"
+    )
+    reason: str | None = Field(default=None, description="why it is unavailable")
+
+
 class Readiness(_Answer):
     """Whether this process can serve now, and the state of what it depends on."""
 
-    status: str = Field(description="ready | not_ready")
+    status: Literal["ready", "degraded", "not_ready"] = Field(
+        description="not_ready (503): the store or the engine is down; degraded (200): the "
+        "artifact store, MLflow or the evolve worker is"
+    )
+    dependencies: dict[str, DependencyState] = Field(
+        default_factory=dict,
+        description="store, engine, artifact_store, mlflow, worker: each one's state",
+    )

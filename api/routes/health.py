@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 
 from fastapi import APIRouter, Request
@@ -31,20 +30,13 @@ async def healthz() -> dict[str, str]:
     response_model=Readiness,
     openapi_extra=PUBLIC,
     responses={503: {"model": Readiness, "description": "not ready: what is not"}},
-    summary="Readiness: store and engine ready (no side effects)",
+    summary="Readiness: each dependency's state; 503 when the store or the engine is down "
+    "(needed to serve), 200 'degraded' when the artifact store, MLflow or the evolve worker is "
+    "(needed to learn); no side effects",
 )
 async def readyz(request: Request) -> Response:
-    svc = services(request)
-    store_ok, engine_ok = await asyncio.gather(
-        asyncio.to_thread(svc.store.ping), svc.engine.ready()
-    )
-    ready = store_ok and engine_ok
-    body = {
-        "status": "ready" if ready else "not_ready",
-        "store": "ok" if store_ok else "unavailable",
-        "engine": "ok" if engine_ok else "unavailable",
-    }
-    return JSONResponse(body, status_code=200 if ready else 503)
+    status, body = await services(request).dependencies.report()
+    return JSONResponse(body, status_code=status)
 
 
 @router.get(

@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from api.bodies import read_json, validate
 from api.contract import SCENARIO, ScenarioPath, errors, reads
 from api.services import caller, check_scenario_name, services
-from reef.deletion import finish
 from reef.errors import BadRequest, ReefError
 from reef.records import Record, Report, Scenario, new_id, utcnow
 from reef.wire import (
@@ -89,14 +88,14 @@ async def get_scenario(request: Request, scenario: ScenarioPath) -> ScenarioOut:
 
 @router.delete(
     "/scenarios/{scenario}",
-    status_code=204,
+    status_code=202,
     summary="Delete a scenario with its records, reports, releases, files and MLflow entries "
-    "(admin)",
+    "(admin): the rows at once, the files and MLflow entries in the background",
     responses={
         202: {
             "model": ScenarioDeletion,
-            "description": "deleted from the database; its files or MLflow entries could not "
-            "all be removed now (`reef gc` finishes)",
+            "description": "deleted from the database; its files and MLflow entries are removed in "
+            "the background (`reef gc` finishes what is left)",
         },
         **errors(404, 503),
     },
@@ -114,16 +113,17 @@ async def delete_scenario(request: Request, scenario: ScenarioPath) -> Response:
                     await svc.variants.unload(variant)
                 except ReefError as e:  # the deletion stands; the engine keeps a dead variant
                     log.warning("unloading %s failed: %s", variant, e.message)
-    done = await asyncio.to_thread(finish, svc.store, svc.settings, svc.artifacts, name)
-    if done.done:
-        return Response(status_code=204)
+    # Files and MLflow entries off the request path: an unreachable S3 or MLflow never holds
+    # the answer (reef.deletion.Cleaner; what it cannot finish, `reef gc` does).
+    svc.cleaner.add(name)
     return JSONResponse(
         {
             "object": "scenario.deletion",
             "scenario": name,
             "status": "pending",
-            "message": f"scenario '{name}' is deleted; removing its files and MLflow entries "
-            f"failed ({done.error}): run `reef gc` to finish",
+            "message": f"scenario '{name}' is deleted; its files and MLflow entries are being "
+            "removed in the background (until then the name cannot be used again; `reef gc` "
+            "finishes what a failed or interrupted clean-up leaves)",
         },
         status_code=202,
     )

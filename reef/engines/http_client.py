@@ -7,7 +7,14 @@ concurrent requests (its pool and anyio locks), which alone caps a single-core p
 OpenAI-compatible upstream needs: keep-alive connections to one origin, one write per
 request, llhttp (via httptools, which uvicorn[standard] ships) to parse responses,
 content-length, chunked and read-until-close bodies, TLS through asyncio. No redirects,
-proxies, cookies, compression or HTTP/2.
+cookies, compression or HTTP/2.
+
+Proxies: `proxy_for` reads the environment's HTTPS_PROXY / HTTP_PROXY / ALL_PROXY and
+NO_PROXY (lower-case names too) as curl and httpx do, except that a loopback origin never goes
+through a proxy (as Go's net/http: a proxy cannot reach this host's loopback). An https origin
+is reached through a CONNECT tunnel to the proxy, TLS inside it; an http origin by sending
+absolute-form requests to the proxy. Decided once per pool: without a proxy, nothing on the
+request path changes.
 
 Timeouts are the caller's (`asyncio.timeout` around the call); cancelling a request closes
 its connection rather than returning it half-read to the pool.
@@ -16,10 +23,14 @@ its connection rather than returning it half-read to the pool.
 from __future__ import annotations
 
 import asyncio
+import base64
+import ipaddress
 import ssl
 import time
+import urllib.request
 from collections.abc import AsyncGenerator
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -205,6 +216,70 @@ class Response:
             self._pool._release(conn, reusable=False)
 
 
+@dataclass(frozen=True)
+class Proxy:
+    """An HTTP proxy: where it listens, its Proxy-Authorization (from the URL's user info),
+    and its URL without credentials (for messages)."""
+
+    host: str
+    port: int
+    url: str
+    authorization: str | None = None
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def proxy_for(url: str) -> Proxy | None:
+    """The proxy the environment names for requests to `url`, or None (no proxy set, NO_PROXY
+    names its host, or the host is loopback). Raises ValueError for a proxy URL this client
+    cannot use (only http:// proxies)."""
+    target = urlsplit(url)
+    host = target.hostname or ""
+    if _is_loopback(host):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    given = proxies.get(target.scheme) or proxies.get("all")
+    if not given:
+        return None
+    port = target.port or (443 if target.scheme == "https" else 80)
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if proxies.get("no") and bypass(f"{host}:{port}", proxies):
+        return None
+    proxy = urlsplit(given if "://" in given else f"http://{given}")
+    if proxy.scheme != "http" or not proxy.hostname:
+        raise ValueError(f"proxy {given!r}: only http:// proxies are supported")
+    authorization = None
+    if proxy.username is not None:
+        pair = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
+        authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+    shown = f"http://{proxy.hostname}:{proxy.port or 80}"
+    return Proxy(proxy.hostname, proxy.port or 80, shown, authorization)
+
+
+class _TunnelOpener(asyncio.Protocol):
+    """Reads a proxy's answer to CONNECT (its head: no body follows a 2xx)."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.answered: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.head += data
+        if b"\r\n\r\n" in self.head and not self.answered.done():
+            self.answered.set_result(self.head.split(b"\r\n", 1)[0])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answered.done():
+            self.answered.set_exception(ProtocolError("the proxy closed the connection"))
+
+
 class ConnectionPool:
     """Keep-alive connections to one origin (scheme://host:port), at most `max_connections`."""
 
@@ -215,6 +290,7 @@ class ConnectionPool:
         max_connections: int = 512,
         ssl_context: ssl.SSLContext | None = None,
         headers: dict[str, str] | None = None,
+        proxy: Proxy | None = None,
     ):
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -229,6 +305,24 @@ class ConnectionPool:
         default_port = self.port == (443 if self._ssl else 80)
         authority = host if default_port else f"{host}:{self.port}"
         fixed = {"host": authority, "user-agent": "reef", "accept": "*/*", **(headers or {})}
+        self.proxy = proxy
+        # Where connections go: the origin, or the proxy (an http origin: requests name the
+        # origin in absolute form; an https origin: a CONNECT tunnel, `_tunnel`).
+        self._dial = (self.host, self.port) if proxy is None else (proxy.host, proxy.port)
+        self._tunnel_request = b""
+        if proxy is not None and self._ssl is not None:
+            tunnel = {"host": f"{host}:{self.port}", "user-agent": "reef"}
+            if proxy.authorization:
+                tunnel["proxy-authorization"] = proxy.authorization
+            self._tunnel_request = (
+                f"CONNECT {host}:{self.port} HTTP/1.1\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in tunnel.items())
+                + "\r\n"
+            ).encode("latin-1")
+        elif proxy is not None:
+            self.prefix = f"http://{authority}{self.prefix}"
+            if proxy.authorization:
+                fixed["proxy-authorization"] = proxy.authorization
         # The header block every request shares, encoded once.
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
         self._idle: list[_Connection] = []
@@ -322,14 +416,38 @@ class ConnectionPool:
         return None
 
     async def _connect(self) -> _Connection:
+        if self._tunnel_request:
+            return await self._tunnel()
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(
             _Connection,
-            self.host,
-            self.port,
+            *self._dial,
             ssl=self._ssl,
             server_hostname=self.host if self._ssl else None,
         )
+        return conn
+
+    async def _tunnel(self) -> _Connection:
+        """A connection to the https origin through the proxy: CONNECT, then TLS inside."""
+        assert self.proxy is not None and self._ssl is not None
+        loop = asyncio.get_running_loop()
+        transport, opener = await loop.create_connection(_TunnelOpener, *self._dial)
+        try:
+            transport.write(self._tunnel_request)
+            status_line = await opener.answered
+            parts = status_line.split(b" ", 2)
+            if len(parts) < 2 or not parts[1].startswith(b"2"):
+                said = status_line.decode("latin-1", errors="replace")
+                raise ProtocolError(
+                    f"proxy {self.proxy.url} refused CONNECT {self.host}:{self.port}: {said}"
+                )
+            conn = _Connection()
+            tls = await loop.start_tls(transport, conn, self._ssl, server_hostname=self.host)
+        except BaseException:
+            transport.abort()
+            raise
+        assert tls is not None
+        conn.connection_made(tls)
         return conn
 
     def _release(self, conn: _Connection, *, reusable: bool) -> None:

@@ -17,6 +17,7 @@ carries top-level `prompt_token_ids` and `choices[i].token_ids`; a stream carrie
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -28,11 +29,13 @@ import orjson
 from reef.engines.base import CAPTURE_TOPK, Completion
 from reef.engines.chunks import assemble
 from reef.engines.defaults import sampling_record, with_defaults
-from reef.engines.http_client import ConnectionPool, Response
+from reef.engines.http_client import ConnectionPool, Response, proxy_for
 from reef.errors import UpstreamError, UpstreamRejected
 
 if TYPE_CHECKING:
     from reef.settings import EngineSettings
+
+log = logging.getLogger(__name__)
 
 # How long a readiness answer is reused: /readyz floods must not become upstream floods.
 READY_CACHE_S = 1.5
@@ -121,11 +124,18 @@ class UpstreamEngine:
         if self._pool is not None:
             return
         headers = {"authorization": f"Bearer {self._api_key}"} if self._api_key else None
+        try:  # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, read once
+            proxy = proxy_for(self.base_url)
+        except ValueError as e:
+            raise UpstreamError(f"upstream {self.base_url}: {e}", code="upstream_proxy") from None
+        if proxy is not None:
+            log.info("upstream %s: through the proxy %s", self.base_url, proxy.url)
         self._pool = ConnectionPool(
             self.base_url,
             max_connections=self._max_connections,
             ssl_context=self._ssl_context,
             headers=headers,
+            proxy=proxy,
         )
         self._chat_target = self._pool.path("/chat/completions")
         self._responses_target = self._pool.path("/responses")
@@ -447,8 +457,10 @@ class UpstreamEngine:
         )
 
     def _unreachable(self, e: OSError) -> UpstreamError:
+        proxy = self._pool.proxy if self._pool is not None else None
+        via = f" through the proxy {proxy.url}" if proxy is not None else ""
         return UpstreamError(
-            f"upstream {self.base_url} unreachable: {e or type(e).__name__}",
+            f"upstream {self.base_url} unreachable{via}: {e or type(e).__name__}",
             code="upstream_unreachable",
         )
 

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +199,61 @@ class EnvOverride:
                     else:
                         os.environ[self.name] = self._saved
                     self._cond.notify_all()
+
+
+_HTTP_TIMEOUT = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+_HTTP_RETRIES = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+
+
+def bound_http_requests(timeout_s: int, retries: int) -> Callable[[], None]:
+    """Hold this process's MLflow HTTP requests to `timeout_s` each and `retries` retries
+    (tracking.http_timeout_s, tracking.http_retries). MLflow reads MLFLOW_HTTP_REQUEST_TIMEOUT
+    and MLFLOW_HTTP_REQUEST_MAX_RETRIES at every request; its defaults (120 s, 7 retries with
+    exponential backoff) held a request minutes on an unreachable server. A variable already
+    in the environment is the operator's and stays. Returns the undo."""
+    wanted = {_HTTP_TIMEOUT: str(timeout_s), _HTTP_RETRIES: str(retries)}
+    set_here = {name: value for name, value in wanted.items() if name not in os.environ}
+    os.environ.update(set_here)
+
+    def undo() -> None:
+        for name, value in set_here.items():
+            if os.environ.get(name) == value:
+                del os.environ[name]
+
+    return undo
+
+
+def ping_tracking(tracking_uri: str, timeout_s: float) -> bool:
+    """Raise OSError unless the tracking store answers (readiness: no MLflow import, no side
+    effects): an MLflow server's /health, a database server's port, a local store's directory.
+    False: a kind of store this cannot check (databricks, ...)."""
+    scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0].lower() if "://" in tracking_uri else ""
+    if scheme in ("http", "https"):
+        import httpx
+
+        try:
+            answer = httpx.get(tracking_uri.rstrip("/") + "/health", timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise OSError(f"no answer ({type(e).__name__})") from None
+        if answer.status_code != 200:
+            raise OSError(f"/health answered {answer.status_code}")
+    elif scheme in ("postgresql", "mysql", "mssql"):
+        url = urlsplit(tracking_uri)
+        port = url.port or {"postgresql": 5432, "mysql": 3306, "mssql": 1433}[scheme]
+        with socket.create_connection((url.hostname or "localhost", port), timeout_s):
+            pass
+    elif scheme in ("", "file", "sqlite"):
+        if scheme == "sqlite":
+            path = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
+        else:
+            path = Path(urlsplit(tracking_uri).path if scheme else tracking_uri)
+        while not path.exists() and path != path.parent:  # made on first use
+            path = path.parent
+        if not os.access(path if path.is_dir() else path.parent, os.W_OK):
+            raise OSError(f"{path} is not writable")
+    else:
+        return False
+    return True
 
 
 # MLflow reads the S3 endpoint from this variable whenever it makes an S3 client (see the module

@@ -45,6 +45,11 @@ class ServerSettings(Section):
     max_messages: int = Field(1024, ge=1, description="most messages in one request")
     max_tools: int = Field(128, ge=0, description="most tool definitions in one request")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text lines, or JSON lines (time, level, logger, message, scenario, "
+        "record_id, request_id): Reef's, uvicorn's and the evolve worker's alike",
+    )
     allowed_hosts: tuple[str, ...] = Field(
         (),
         description="Host header names answered besides loopback (and the bound host), any "

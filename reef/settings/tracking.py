@@ -15,3 +15,11 @@ class TrackingSettings(Section):
     artifact_location: str | None = Field(
         None, description="where MLflow stores run artifacts; default: <artifacts url>/mlflow"
     )
+    # The serving process's own MLflow calls (a scenario's clean-up, a rollback's alias, a
+    # harness release's model version): MLflow's defaults retry 7 times, up to 120 s each.
+    http_timeout_s: int = Field(
+        10, ge=1, description="the serving process's MLflow HTTP timeout per request (s)"
+    )
+    http_retries: int = Field(
+        2, ge=0, le=10, description="the serving process's MLflow HTTP retries per request"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,22 @@ from reef.store import tables
 from reef.store.connect import describe_error
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class _MigrationsAtDebug(logging.Filter):
+    """Alembic's INFO lines (its plugins, its dialect, then each migration's docstring: a
+    dozen on a fresh database) are logged at DEBUG: migrating is routine, its error is what
+    matters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+for _name in ("alembic.runtime.migration", "alembic.runtime.plugins"):
+    logging.getLogger(_name).addFilter(_MigrationsAtDebug())
 
 # Any constant shared by every Reef process: serializes `migrate()` across processes on one
 # Postgres database (two API replicas starting at once).

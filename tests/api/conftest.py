@@ -3,6 +3,7 @@ test uses its own scenario."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.testing import InProcessReef
+from reef.store.sql import open_store
 from reef.testing.process import ReefServer
 
 
@@ -56,3 +58,17 @@ def records_of(server: InProcessReef | ReefServer, scenario: str) -> list[dict]:
 @pytest.fixture
 def state_dir(server: InProcessReef) -> Path:
     return server.state_dir
+
+
+def wait_cleaned(server: InProcessReef, scenario: str, timeout_s: float = 120.0) -> None:
+    """Until a deleted scenario's background clean-up is done: its tombstone is dropped."""
+    store = open_store(server.settings.database_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while any(d.scenario == scenario for d in store.pending_deletions()):
+            assert time.monotonic() < deadline, (
+                f"{scenario} not cleaned up:\n{server.log()[-3000:]}"
+            )
+            time.sleep(0.05)
+    finally:
+        store.close()

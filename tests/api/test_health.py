@@ -14,7 +14,16 @@ def test_healthz_and_readyz(server: InProcessReef) -> None:
     assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
     r = httpx.get(f"{server.url}/readyz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ready", "store": "ok", "engine": "ok"}
+    assert r.json() == {
+        "status": "ready",
+        "dependencies": {
+            "store": {"state": "ok", "needed_to": "serve"},
+            "engine": {"state": "ok", "needed_to": "serve"},
+            "artifact_store": {"state": "ok", "needed_to": "learn"},
+            "mlflow": {"state": "ok", "needed_to": "learn"},
+            "worker": {"state": "off", "needed_to": "learn"},  # reef.auto is off here
+        },
+    }
 
 
 def test_metrics_count_requests_tokens_records_and_errors(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from cli.testing import InProcessReef
-from tests.api.conftest import records_of
+from tests.api.conftest import records_of, wait_cleaned
 
 
 def test_create_get_list_delete(server: InProcessReef, scenario: str) -> None:
@@ -28,9 +28,11 @@ def test_create_get_list_delete(server: InProcessReef, scenario: str) -> None:
     )
     assert len(records_of(server, scenario)) == 1
 
-    assert httpx.delete(f"{server.url}/reef/scenarios/{scenario}").status_code == 204
+    r = httpx.delete(f"{server.url}/reef/scenarios/{scenario}")
+    assert r.status_code == 202 and r.json()["status"] == "pending"
     assert httpx.get(f"{server.url}/reef/scenarios/{scenario}").status_code == 404
     assert httpx.delete(f"{server.url}/reef/scenarios/{scenario}").status_code == 404
+    wait_cleaned(server, scenario)  # its files, in the background
     # used again, it comes back empty with a fresh base release
     httpx.post(
         f"{server.url}/v1/chat/completions", json=body, headers={"x-reef-scenario": scenario}

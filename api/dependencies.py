@@ -1,0 +1,134 @@
+"""What /readyz reports: each dependency of a serving process and its state.
+
+Needed to serve, a failure makes the process not ready (503): the store (every call is
+recorded) and the engine. Needed only to learn, a failure leaves it ready but degraded (200):
+the artifact store, MLflow and the evolve worker; calls are served and recorded meanwhile, and
+evolve runs, deploys and clean-ups fail with their own errors until it is back.
+
+The learning checks run at most every LEARN_CACHE_S, concurrently, each bounded by
+CHECK_TIMEOUT_S: probes and floods of /readyz never queue on a slow S3 or MLflow. An answer
+names each state and a short reason; the full error goes to the log when a state changes (the
+route is open: no URL or error text of an internal host in the answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from api.evolver import Evolver
+from reef.artifacts import ArtifactStore
+from reef.engines.base import Engine
+from reef.registry.clients import ping_tracking
+from reef.store.base import Store
+
+log = logging.getLogger("reef.api")
+
+CHECK_TIMEOUT_S = 2.0
+LEARN_CACHE_S = 5.0
+
+
+@dataclass(frozen=True)
+class State:
+    state: str  # ok | unavailable | off (not configured) | unchecked (a kind not checked)
+    needed: str  # serve | learn
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state, "needed_to": self.needed}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+class Dependencies:
+    """The states /readyz reports, and its status: not_ready (503) when the store or the engine
+    is down, degraded (200) when something needed only to learn is, else ready (200)."""
+
+    def __init__(
+        self,
+        store: Store,
+        engine: Engine,
+        artifacts: ArtifactStore,
+        tracking_uri: str,
+        evolver: Evolver | None,
+    ):
+        self.store = store
+        self.engine = engine
+        self.artifacts = artifacts
+        self.tracking_uri = tracking_uri
+        self.evolver = evolver
+        self._learn: dict[str, State] = {}
+        self._learn_at = -LEARN_CACHE_S
+        self._learn_check: asyncio.Task[dict[str, State]] | None = None
+        self._logged: dict[str, str] = {}
+
+    async def report(self) -> tuple[int, dict[str, Any]]:
+        store_ok, engine_ok, learn = await asyncio.gather(
+            asyncio.to_thread(self.store.ping), self.engine.ready(), self._learning()
+        )
+        states = {
+            "store": State("ok" if store_ok else "unavailable", "serve"),
+            "engine": State("ok" if engine_ok else "unavailable", "serve"),
+            **learn,
+        }
+        if not (store_ok and engine_ok):
+            status = "not_ready"
+        elif any(s.state == "unavailable" for s in learn.values()):
+            status = "degraded"
+        else:
+            status = "ready"
+        body = {"status": status, "dependencies": {k: s.as_dict() for k, s in states.items()}}
+        return (503 if status == "not_ready" else 200), body
+
+    async def _learning(self) -> dict[str, State]:
+        if time.monotonic() - self._learn_at < LEARN_CACHE_S:
+            return self._learn
+        if self._learn_check is None:  # concurrent callers share one check
+            self._learn_check = asyncio.ensure_future(self._check_learning())
+        try:
+            return await asyncio.shield(self._learn_check)
+        finally:
+            if self._learn_check is not None and self._learn_check.done():
+                self._learn_check = None
+
+    async def _check_learning(self) -> dict[str, State]:
+        artifacts, mlflow = await asyncio.gather(
+            self._bounded("artifact_store", self.artifacts.ping),
+            self._bounded("mlflow", lambda: ping_tracking(self.tracking_uri, CHECK_TIMEOUT_S)),
+        )
+        self._learn = {"artifact_store": artifacts, "mlflow": mlflow, "worker": self._worker()}
+        self._learn_at = time.monotonic()
+        return self._learn
+
+    async def _bounded(self, name: str, check: Callable[[], object]) -> State:
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                checked = await asyncio.to_thread(check)
+        except TimeoutError:
+            return self._noted(name, "unavailable", f"no answer within {CHECK_TIMEOUT_S:g} s")
+        except Exception as e:
+            return self._noted(name, "unavailable", "unreachable", f"{type(e).__name__}: {e}")
+        return self._noted(name, "unchecked" if checked is False else "ok")
+
+    def _worker(self) -> State:
+        if self.evolver is None:
+            return State("off", "learn")
+        code = self.evolver.exit_code()
+        if code is None:
+            return self._noted("worker", "ok")
+        return self._noted("worker", "unavailable", f"exited with code {code}")
+
+    def _noted(self, name: str, state: str, reason: str | None = None, error: str = "") -> State:
+        """The state, logged when it turns unavailable or back."""
+        was = self._logged.get(name, "ok")
+        if state == "unavailable" and was != "unavailable":
+            log.warning("readiness: %s is unavailable: %s", name, error or reason)
+        elif was == "unavailable" and state != "unavailable":
+            log.info("readiness: %s is back", name)
+        self._logged[name] = state
+        return State(state, "learn", reason)
