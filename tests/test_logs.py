@@ -91,7 +91,15 @@ def test_text_lines_name_the_context_where_known() -> None:
     assert outside.endswith(" WARNING reef.test-logs: outside")
 
 
-def test_migrations_log_at_debug(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_migrations_log_at_debug(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Other tests in this process may have run a library's own Alembic migrations (MLflow's),
+    # whose logging setup leaves alembic's loggers with a level or disabled: start from plain.
+    for logger_name in ("alembic", "alembic.runtime.migration", "alembic.runtime.plugins"):
+        logger = logging.getLogger(logger_name)
+        monkeypatch.setattr(logger, "disabled", False)
+        monkeypatch.setattr(logger, "level", logging.NOTSET)
     for level, name in ((logging.INFO, "a"), (logging.DEBUG, "b")):
         caplog.clear()
         with caplog.at_level(level):
