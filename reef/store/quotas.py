@@ -347,6 +347,15 @@ class SQLQuotas:
         finally:
             at_once.lock.release()
 
+    def _waiting_for(self, what: str, call: Callable[[_SQLiteCounters], T]) -> T:
+        """`call` on the SQLite connection that waits for the file's lock."""
+        _, waiting = self._sqlite()
+        try:
+            with waiting.lock:
+                return call(waiting)
+        except sqlite3.Error as e:
+            raise StoreError(f"database error while {what}: {e}") from e
+
     # every database ------------------------------------------------------------------
     def admit(self, counters: Sequence[Counter], now: float | None = None) -> Refusal | None:
         if not counters:
@@ -354,12 +363,7 @@ class SQLQuotas:
         now = time.time() if now is None else now
         ordered = sorted(counters, key=lambda c: c.key)  # one lock order on Postgres
         if self._sqlite_path is not None:
-            _, waiting = self._sqlite()
-            try:
-                with waiting.lock:
-                    return waiting.admit(ordered, now)
-            except sqlite3.Error as e:
-                raise StoreError(f"database error while counting a request: {e}") from e
+            return self._waiting_for("counting a request", lambda c: c.admit(ordered, now))
         t = quota_counters
         rows = [
             {"key": c.key, "window_start": c.window(now), "requests": 1, "tokens": 0}
@@ -400,13 +404,8 @@ class SQLQuotas:
         ordered = sorted(counters, key=lambda c: c.key)
         prune = self._prune_due()
         if self._sqlite_path is not None:
-            _, waiting = self._sqlite()
-            try:
-                with waiting.lock:
-                    waiting.spend(ordered, tokens, now, prune)
-                return
-            except sqlite3.Error as e:
-                raise StoreError(f"database error while counting tokens: {e}") from e
+            self._waiting_for("counting tokens", lambda c: c.spend(ordered, tokens, now, prune))
+            return
         t = quota_counters
         stmt = postgresql.insert(t).values(
             [
@@ -449,12 +448,9 @@ class SQLQuotas:
         deltas = sorted(deltas, key=lambda d: (d.key, d.window_start))  # one lock order
         prune_before = int(time.time()) - 2 * DAY if self._prune_due() else None
         if self._sqlite_path is not None:
-            _, waiting = self._sqlite()
-            try:
-                with waiting.lock:
-                    return waiting.add(deltas, prune_before)
-            except sqlite3.Error as e:
-                raise StoreError(f"database error while adding to quota counters: {e}") from e
+            return self._waiting_for(
+                "adding to quota counters", lambda c: c.add(deltas, prune_before)
+            )
         t = quota_counters
         stmt = postgresql.insert(t).values(
             [
