@@ -40,6 +40,10 @@ skips that):
   difference), tokens/s at 1 and 8 in flight, and how far bfloat16's recorded log-probs are from
   a teacher-forced bfloat16 forward pass.
 
+`--after-start` measures something else, through `reef serve`: tokens/s in the first minute
+after it is ready against its settled rate, with the evolve worker at the server's CPU priority
+and below it (bench/after_start.py, which takes the flags after it).
+
 `--dtype bfloat16` serves Reef's engine in the comparison itself in bfloat16 (HF generate stays
 float32; the exactness check then reports the prompts whose answers differ).
 
@@ -840,6 +844,12 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--after-start" in argv:  # through `reef serve`: bench/after_start.py's own flags
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from after_start import main as after_start
+
+        return after_start([a for a in argv if a != "--after-start"])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="smollm2", help="comma-separated model specs")
     p.add_argument("--n", type=int, default=16, help="requests per pass (a multiple of 8)")

@@ -24,9 +24,11 @@ finishes the runs in progress and exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
+import os
 import queue
 import sys
 import threading
@@ -269,6 +271,27 @@ class Runs:
             thread.join()
 
 
+def yield_cores(nice: int) -> None:
+    """Lower this process's CPU priority by `nice` before any thread or child starts (each
+    inherits it): on the serving machine the worker's imports (~30 s of torch, TRL, MLflow, GX
+    on start), Prefect's temporary server and its training then run on what the serving engine
+    leaves, rather than slowing the answers of the first minutes after every start. Raising it
+    back would need privileges: the whole worker stays at this priority, which is what a
+    serving machine wants of its training too (an idle engine leaves it every core)."""
+    if nice <= 0:
+        return
+    try:
+        now = os.nice(nice)
+    except OSError as e:  # a platform or sandbox that refuses: run at the server's priority
+        log.warning("could not lower the worker's CPU priority by %d: %s", nice, e)
+        return
+    if sys.platform == "linux":  # nice is per thread there: the threads already running too
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.setpriority(os.PRIO_PROCESS, int(task), now)
+    log.info("worker CPU priority: nice %d", now)
+
+
 def _in_flight_safe(flow_run_id: str) -> bool:
     try:
         return in_flight(flow_run_id)
@@ -286,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings(Path(args.config) if args.config else None, **overrides)
     logs.quiet_progress_bars()
     logs.configure(settings.server.log_level, settings.server.log_format, process="worker")
+    yield_cores(settings.reef.worker_nice)
     # Great Expectations logs ~40 INFO lines per validation about its own plugins.
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     worker = Worker(settings, args.config, overrides)

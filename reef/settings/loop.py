@@ -57,6 +57,15 @@ class LoopSettings(Section):
         description="torch threads for training and evaluation (None: torch's default); "
         "1 leaves the other cores to the serving engine",
     )
+    worker_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="CPU priority (Linux nice, added to the server's) of the evolve worker "
+        "`reef serve` starts, and of what it starts (Prefect's temporary server, training): "
+        "its start-up imports and its training take the cores only when the serving engine "
+        "leaves them; 0 runs it at the server's priority",
+    )
     seed: int = 0
     train: TrainSettings = TrainSettings()
 

@@ -1,0 +1,246 @@
+"""The embedded engine's speed in the first minute after `reef serve` is ready, against its
+settled speed, with the evolve worker at the server's CPU priority and below it.
+
+`reef serve` starts its evolve worker beside the API when it is ready; the worker's start-up
+(~30 s of torch, TRL, MLflow and GX imports, then Prefect's temporary server) runs on the same
+cores as the engine. For each arm (`--nice`: values of `reef.worker_nice`, alternated over
+`--repeat` rounds), this script starts `reef serve` on SmolLM2 in a fresh state directory and,
+the moment /readyz answers, streams greedy requests (`--concurrency` in flight, `--max-tokens`
+each) for `--window` seconds: the first window. Then it waits until the worker has finished
+starting (its "evolve worker ready" line, and its CPU use under 5 % of a core for 5 s) and
+streams for another window: the settled one. Reports completion tokens/s of both windows, per
+10 s of the first, and their ratio: 1.0 means a fresh start serves its first users at full
+speed. Tokens are the `usage` of each answer, counted when the answer ends.
+
+    .venv/bin/python bench/after_start.py --nice 0,10 --repeat 1 --window 60
+
+(`bench/embedded_batching.py --after-start` runs this.) The machine these numbers come from
+has two cores: run it with nothing else running; compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three prime numbers greater than ten.",
+    "Give three tips for learning a new language.",
+    "What does a compiler do?",
+]
+BUCKET_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pid(server: int) -> int | None:
+    """The evolve worker among the server's children (`python -m cli.worker`)."""
+    for child in Path(f"/proc/{server}/task/{server}/children").read_text().split():
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"cli.worker" in cmdline:
+            return int(child)
+    return None
+
+
+class Served:
+    """`reef serve --model smollm2` in a fresh state directory, its log in a file."""
+
+    def __init__(self, nice: int, workdir: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / f"serve-nice{nice}.log"
+        env = dict(os.environ, REEF_REEF__WORKER_NICE=str(nice))
+        cmd = [sys.executable, "-m", "cli.main", "serve", "--model", "smollm2"]
+        cmd += ["--state-dir", str(workdir / f"state-nice{nice}"), "--port", str(self.port)]
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=self.log)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> float:
+        """Seconds from the start until /readyz answers 200."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"reef serve exited; see {self.log_path}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise SystemExit(f"reef serve not ready in {timeout_s:.0f} s; see {self.log_path}")
+
+    def wait_worker_settled(self, timeout_s: float = 300.0) -> float:
+        """Seconds until the worker said it is ready and then used < 5 % of a core for 5 s."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            pid = worker_pid(self.proc.pid)
+            if pid and "evolve worker ready" in self.log_path.read_text():
+                before = cpu_seconds(pid)
+                time.sleep(5)
+                if cpu_seconds(pid) - before < 0.25:
+                    return time.monotonic() - started
+            else:
+                time.sleep(1)
+        raise SystemExit(f"the worker did not settle in {timeout_s:.0f} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+async def window(url: str, seconds: float, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    """Stream greedy requests, `concurrency` in flight, for `seconds`; tokens per 10 s."""
+    started = time.monotonic()
+    ended: list[tuple[float, int]] = []
+
+    async def client(k: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+            i = k
+            while time.monotonic() - started < seconds:
+                body = {
+                    "model": "reef",
+                    "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                    "temperature": 0,
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                tokens = 0
+                async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                    r.raise_for_status()
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {") and '"usage"' in line:
+                            usage = json.loads(line[6:]).get("usage") or {}
+                            tokens = usage.get("completion_tokens", tokens)
+                ended.append((time.monotonic() - started, tokens))
+                i += concurrency
+
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    wall = time.monotonic() - started
+    buckets = [0] * int(-(-wall // BUCKET_S))
+    for at, tokens in ended:
+        buckets[min(int(at // BUCKET_S), len(buckets) - 1)] += tokens
+    return {
+        "seconds": round(wall, 1),
+        "answers": len(ended),
+        "tokens": sum(t for _, t in ended),
+        "tok_s": round(sum(t for _, t in ended) / wall, 2),
+        "tok_s_per_10s": [round(b / BUCKET_S, 1) for b in buckets],
+    }
+
+
+def run_arm(nice: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    served = Served(nice, workdir)
+    try:
+        ready_s = served.wait_ready()
+        print(f"  nice {nice}: ready in {ready_s:.1f} s; first window", flush=True)
+        first = asyncio.run(window(served.url, args.window, args.concurrency, args.max_tokens))
+        settle_s = served.wait_worker_settled()
+        print(f"  nice {nice}: worker settled {settle_s:.0f} s later; settled window", flush=True)
+        settled = asyncio.run(window(served.url, args.window, args.concurrency, args.max_tokens))
+    finally:
+        served.stop()
+    ratio = first["tok_s"] / settled["tok_s"] if settled["tok_s"] else float("nan")
+    return {
+        "nice": nice,
+        "ready_s": round(ready_s, 1),
+        "first": first,
+        "settled": settled,
+        "first_over_settled": round(ratio, 3),
+    }
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nice", default="0,10", help="reef.worker_nice values, one arm each")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of the arms, alternated")
+    p.add_argument("--window", type=float, default=60.0, help="seconds of each window")
+    p.add_argument("--concurrency", type=int, default=1, help="streams in flight")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
+    args = p.parse_args(argv)
+    arms = [int(n) for n in args.nice.split(",")]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="reef-after-start-") as tmp:
+        for round_ in range(args.repeat):
+            for nice in arms if round_ % 2 == 0 else arms[::-1]:
+                print(f"round {round_ + 1}, nice {nice} (load {load_average()})", flush=True)
+                runs.append({**run_arm(nice, args, Path(tmp)), "load_before": load_average()})
+    result = {
+        "bench": "after_start",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "cpu": _cpu_model(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "runs": runs,
+    }
+    print()
+    print(
+        "| worker_nice | ready s | first 60 s tok/s | per 10 s | settled tok/s | first / settled |"
+    )
+    print("|---|---|---|---|---|---|")
+    for run in runs:
+        per = " ".join(f"{v:g}" for v in run["first"]["tok_s_per_10s"])
+        print(
+            f"| {run['nice']} | {run['ready_s']} | {run['first']['tok_s']} | {per} | "
+            f"{run['settled']['tok_s']} | {run['first_over_settled']:.2f}x |"
+        )
+    for nice in arms:
+        ratios = [r["first_over_settled"] for r in runs if r["nice"] == nice]
+        print(f"nice {nice}: median first/settled {statistics.median(ratios):.2f}x over {ratios}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"after_start_{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+def _cpu_model() -> str:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    found = re.search(r"model name\s*:\s*(.+)", text)
+    return found.group(1).strip() if found else platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
