@@ -15,7 +15,7 @@ import pytest
 
 from cli import docs
 from cli.main import parser
-from reef.settings import Settings, load_settings
+from reef.settings import Settings, load_settings, secret_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("docs/*.md")])
@@ -169,3 +169,11 @@ def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
     path.write_text(example)
     settings = load_settings(path)
     assert settings.engine.kind == "embedded" and settings.gate.policy == "improve"
+
+
+def test_the_readme_names_every_secret_setting() -> None:
+    """The Secrets paragraph lists exactly the settings typed SecretStr."""
+    text = (ROOT / "README.md").read_text()
+    paragraph = text[text.index("### Secrets\n") :].split("\nare secrets", 1)[0]
+    named = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", paragraph))
+    assert named == {".".join(k) for k in secret_keys()}
