@@ -87,7 +87,7 @@ def _type_name(annotation: Any) -> str:
     if annotation is Any:
         return "any"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "section"
+        return "section (below)"
     return getattr(annotation, "__name__", str(annotation))
 
 

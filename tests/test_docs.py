@@ -177,3 +177,22 @@ def test_the_readme_names_every_secret_setting() -> None:
     paragraph = text[text.index("### Secrets\n") :].split("\nare secrets", 1)[0]
     named = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", paragraph))
     assert named == {".".join(k) for k in secret_keys()}
+
+
+def test_every_flag_the_docs_show_exists() -> None:
+    """`reef <command> --flag` anywhere in the docs and the shipped configs' headers names a
+    flag that command takes (a renamed or removed flag fails here, not in a reader's shell)."""
+    commands = docs._commands(parser())
+    pattern = re.compile(r"reef (" + "|".join(commands) + r")\b([^`|#;]*)")
+    files = [*DOCS, ROOT / "examples/README.md", *ROOT.glob("recipes/**/serve.yaml")]
+    seen, unknown = 0, []
+    for path in files:
+        for line in path.read_text().splitlines():
+            for m in pattern.finditer(line):
+                seen += 1
+                flags = set(commands[m.group(1)][0]._option_string_actions)
+                for flag in re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", m.group(2)):
+                    if flag not in flags:
+                        unknown.append(f"{path.relative_to(ROOT)}: reef {m.group(1)} {flag}")
+    assert seen > 100
+    assert unknown == []
