@@ -300,28 +300,38 @@ def cli() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def drifted() -> list[Path]:
-    """The generated files whose committed text differs from what the code generates now."""
+def drifted(folder: Path = ROOT / "docs") -> list[Path]:
+    """The generated files in `folder` whose text differs from what the code generates now."""
     return [
-        path
-        for path, render in ((CONFIGURATION, configuration), (CLI, cli))
-        if not path.is_file() or path.read_text() != render()
+        folder / name
+        for name, render in ((CONFIGURATION.name, configuration), (CLI.name, cli))
+        if not (folder / name).is_file() or (folder / name).read_text() != render()
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     p.add_argument("--check", action="store_true", help="only report which files are stale")
+    p.add_argument(
+        "--dir", type=Path, default=ROOT / "docs", help="where the files are (default: docs/)"
+    )
     args = p.parse_args(argv)
     if args.check:
-        stale = drifted()
+        stale = drifted(args.dir)
         for path in stale:
-            print(f"{path.relative_to(ROOT)} is stale: run `{COMMAND}`", file=sys.stderr)
+            print(f"{_shown(path)} is stale: run `{COMMAND}`", file=sys.stderr)
         return 1 if stale else 0
-    CONFIGURATION.write_text(configuration())
-    CLI.write_text(cli())
-    print(f"wrote {CONFIGURATION.relative_to(ROOT)} and {CLI.relative_to(ROOT)}")
+    args.dir.mkdir(parents=True, exist_ok=True)
+    (args.dir / CONFIGURATION.name).write_text(configuration())
+    (args.dir / CLI.name).write_text(cli())
+    print(f"wrote {_shown(args.dir / CONFIGURATION.name)} and {_shown(args.dir / CLI.name)}")
     return 0
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when it is inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":
