@@ -189,12 +189,14 @@ with `__` between the parts (`server.port` is `REEF_SERVER__PORT`); lists and ma
 it; so is a bad value. `reef config -c serve.yaml` prints the settings these layers add up to,
 secrets masked.
 
-Secret settings (type *secret string*) are never shown, logged or passed on a command line:
-give them in the file or the environment. Each recipe's starting configuration is
-`recipes/<name>/examples/serve.yaml`.
+Reef never shows or logs a secret setting (type *secret string*) and never passes one on a
+command line (its evolve worker gets them in its environment); give them in the file or the
+environment rather than a flag, which every user of the machine can read. Each recipe's
+starting configuration is `recipes/<name>/examples/serve.yaml`.
 
-The engine's flat keys of earlier versions still load, each with a deprecation line naming its
-new place: {flat}.
+The engine's flat keys of earlier versions (`engine.upstream_url`, ...) still load, in files,
+flags and the environment, each with a deprecation line naming its new place ([the
+list](#flat-engine-keys-of-earlier-versions)).
 
 Sections: {toc}.
 """
@@ -204,12 +206,13 @@ def configuration() -> str:
     """docs/configuration.md: one table per settings section."""
     all_sections = list(sections())
     toc = ", ".join(f"[`{s.path}`](#{_anchor(s.path)})" for s in all_sections)
-    flat = ", ".join(
-        f"`engine.{old}` → `engine.{'.'.join(new)}`" for old, new in sorted(FLAT_KEYS.items())
-    )
-    lines = [_CONFIG_INTRO.format(generated=GENERATED, flat=flat, toc=toc)]
+    lines = [_CONFIG_INTRO.format(generated=GENERATED, toc=toc)]
     for section in all_sections:
         lines += _section_table(section)
+    lines += ["## Flat engine keys of earlier versions", "", "| old key | read as |", "|---|---|"]
+    lines += [
+        f"| `engine.{old}` | `engine.{'.'.join(new)}` |" for old, new in sorted(FLAT_KEYS.items())
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 
