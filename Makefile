@@ -16,7 +16,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8900
 PYTEST_ARGS ?=
 
-.PHONY: venv bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
+.PHONY: docs venv bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -76,7 +76,8 @@ test-loop: venv
 	$(BIN)/pytest -m loop -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Scale-out proof: 3 reef serve replicas on one Postgres, moto S3, MLflow and Prefect servers and
-# a pool worker, all separate processes (tests/scale; 3-4 min on 2 cores, docs/scale.md).
+# a pool worker, all separate processes (tests/scale; 2.5-6 min on 2 cores in the 2026-12-02 CI
+# runs, README; docs/scale.md).
 test-scale: venv
 	$(BIN)/pytest -m scale $(PYTEST_ARGS)
 
@@ -88,7 +89,8 @@ test-contract: venv
 	$(BIN)/pytest -m contract $(PYTEST_ARGS)
 
 # The dashboard in a real browser: Debian's Chromium (apt-get install chromium) driven by
-# Playwright, on a reef serve with its evolve worker (the operator's loop, ~2-4 min).
+# Playwright, on a reef serve with its evolve worker (the operator's loop: 2.2 min idle, 5.5-8 min
+# under load on 2 cores; the policy and API-docs pages ~2.5 min more: docs/ui.md).
 test-ui: venv
 	$(BIN)/pytest -m ui $(PYTEST_ARGS)
 
@@ -144,6 +146,10 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# docs/configuration.md and docs/cli.md, generated from the settings models and the parser
+docs: venv
+	$(BIN)/python -m cli.docs
 
 fmt: venv
 	$(BIN)/ruff format .

@@ -400,10 +400,20 @@ def _rollout_command(sub: Subcommands) -> None:
     ro = sub.add_parser(
         "rollout", help="a scenario's live canary, shadow or A/B split: status, promote or abort"
     )
-    ro.add_argument("action", choices=["status", "promote", "abort"])
+    ro.add_argument(
+        "action",
+        choices=["status", "promote", "abort"],
+        help="status: the live rollout and its verdict so far; promote: end it now, the canary "
+        "(or the A/B release kept) becomes the head; abort: end it now, the head stays",
+    )
     ro.add_argument("--scenario", required=True)
     ro.add_argument("--reason", help="abort: why (recorded on the rollback release)")
-    ro.add_argument("--release", help="promote, A/B split: the release kept (default: b)")
+    ro.add_argument(
+        "--release",
+        metavar="RELEASE_ID",
+        help="promote, A/B split: the release id kept, one of rollout.ab.releases (default: "
+        "the second, b)",
+    )
     ro.add_argument("-c", "--config", type=Path, help="YAML settings file")
     ro.add_argument("--url", help="the reef server (default: from the settings)")
     ro.add_argument("--token", default=os.environ.get("REEF_API_KEY"), help="admin token")
@@ -486,7 +496,7 @@ _SHARED_HELP = {
     "scenario": "the scenario's name",
     "name": "who holds the token (shown in logs and on approvals)",
     "release_id": "a release id (`reef releases` lists them) or a pending candidate's",
-    "log_level": "log level",
+    "log_level": "least severe log line written (default info)",
     "url": "the reef server's root URL (default: reef.engine_url, else server.host and "
     "server.port of the settings)",
     "token": "admin token",
@@ -507,10 +517,12 @@ def _document(p: argparse.ArgumentParser) -> None:
             continue
         if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
             continue
-        action.help = action.help or _SHARED_HELP.get(action.dest, action.dest.replace("_", " "))
+        # No made-up text: a flag with neither its own help nor a shared one keeps none, and
+        # tests/test_docs.py names it.
+        action.help = action.help or _SHARED_HELP.get(action.dest)
         env = env_var(FLAG_SETTINGS[action.dest]) if action.dest in FLAG_SETTINGS else None
         env = env or _FLAG_ENV.get(action.dest)
-        if env and "env REEF_" not in action.help:
+        if env and action.help and "env REEF_" not in action.help:
             action.help += f" (env {env})"
         if action.type is Path:
             action.complete = shtab.DIRECTORY if action.dest == "state_dir" else shtab.FILE  # type: ignore[attr-defined]

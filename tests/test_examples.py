@@ -11,8 +11,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from cli.main import parser
 from cli.testing import InProcessReef
 from reef.client import Reef
 from reef.recipe import RECIPES, import_object, load_recipe
@@ -110,3 +112,51 @@ def test_verifier_task(server: InProcessReef) -> None:
 def _reports(server: InProcessReef, scenario: str) -> list[ReportOut]:
     with Reef(server.url, scenario=scenario) as reef:
         return reef.reports().data
+
+
+def _header_commands(config: Path) -> list[list[str]]:
+    """The `reef serve -c ...` lines in a config's header comment, as argument lists; an
+    optional `[--model tiny]` gives both forms."""
+    commands = []
+    for line in config.read_text().splitlines():
+        text = line.lstrip("# ").split("  #")[0].strip()
+        if not text.startswith("reef serve "):
+            continue
+        base = text.replace("[--model tiny]", "").split()
+        commands.append(base[1:])
+        if "[--model tiny]" in text:
+            commands.append([*base[1:], "--model", "tiny"])
+    return commands
+
+
+RECIPE_CONFIGS = sorted(ROOT.glob("recipes/**/examples/**/serve.yaml"))
+
+
+@pytest.mark.parametrize("config", RECIPE_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_header_command_serves_as_typed(
+    config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every shipped recipe config's header says how to serve it; that command, typed from the
+    repository's root, parses with `reef`'s own parser, and a server on that file answers a
+    chat call with a receipt (on the tiny model: SmolLM2 is the same path, a bigger load)."""
+    monkeypatch.chdir(ROOT)
+    commands = _header_commands(config)
+    assert commands, f"{config.relative_to(ROOT)} names no `reef serve -c` command"
+    for argv in commands:
+        args = parser().parse_args(argv)
+        assert args.command == "serve" and args.config.resolve() == config
+    with InProcessReef(tmp_path, config=config.relative_to(ROOT)) as srv:
+        answer = httpx.post(
+            f"{srv.base_url}/chat/completions",
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            },
+            headers={"x-reef-scenario": "typed"},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        receipt = answer.headers["x-reef-agent-record-id"]
+        with Reef(srv.url, scenario="typed") as reef:
+            assert [r.id for r in reef.records().data] == [receipt]

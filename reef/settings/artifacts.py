@@ -8,6 +8,9 @@ from reef.settings.section import Section
 
 
 class ArtifactSettings(Section):
+    """artifacts: where datasets and release files (adapters, checkpoints) are kept, a
+    directory or S3 (credentials: boto3's chain: AWS_* environment, ~/.aws, instance role)."""
+
     url: str | None = Field(
         None, description="directory or s3://bucket/prefix; default: state_dir/artifacts"
     )

@@ -10,7 +10,7 @@ from reef.settings.section import Section
 
 
 class QuotaSettings(Section):
-    """Limits on one token's calls, counted in the database (every replica shares them) in
+    """auth.tokens[].quota: limits on one token's calls, counted in the database (every replica shares them) in
     fixed windows: the minute and the UTC day. None: no limit."""
 
     requests_per_minute: int | None = Field(None, ge=1, description="inference calls a minute")
@@ -30,10 +30,16 @@ class QuotaSettings(Section):
 
 
 class TokenSettings(Section):
-    name: str
+    """auth.tokens[]: one bearer token, stored as its sha256 (`reef token` prints the entry)."""
+
+    name: str = Field(description="who holds the token (shown in logs and on approvals)")
     sha256: str = Field(description="hex sha256 of the token; `reef token` makes one")
-    admin: bool = False
-    scenarios: tuple[str, ...] = ()
+    admin: bool = Field(
+        False, description="may use every scenario and the admin routes (releases, rollouts)"
+    )
+    scenarios: tuple[str, ...] = Field(
+        (), description="the scenarios a non-admin token may use (any other: 403)"
+    )
     quota: QuotaSettings = Field(
         QuotaSettings(), description="limits over all the token's scenarios together"
     )
@@ -52,7 +58,14 @@ class TokenSettings(Section):
 
 
 class AuthSettings(Section):
-    tokens: tuple[TokenSettings, ...] = ()
+    """auth: the bearer tokens Reef accepts (Authorization: Bearer or x-api-key); none:
+    loopback only, without auth."""
+
+    tokens: tuple[TokenSettings, ...] = Field(
+        (),
+        description="[{name, sha256, admin | scenarios, quota, scenario_quotas}]; empty: no "
+        "auth, and only a loopback server.host starts",
+    )
     secure_cookie: bool | None = Field(
         None,
         description="the dashboard's session cookie is Secure (browsers send it over https "

@@ -22,6 +22,8 @@ EVENT_KINDS = (
 
 
 class WebhookSettings(Section):
+    """events.webhooks[]: one receiver of events."""
+
     url: str = Field(description="where events are POSTed (http:// or https://)")
     events: tuple[str, ...] = Field(
         EVENT_KINDS, description="the kinds of event sent there (default: every kind)"
@@ -55,6 +57,9 @@ class WebhookSettings(Section):
 
 
 class EventSettings(Section):
+    """events: webhooks told when a candidate, a release or a rollout changes, signed and
+    retried (reef.events)."""
+
     webhooks: tuple[WebhookSettings, ...] = Field(
         (), description="[{url, events, secret}]: where events are sent; none: no event is kept"
     )

@@ -11,7 +11,7 @@ from reef.settings.section import DOTTED, Section
 
 
 class GuardSettings(Section):
-    """A fixed task set on which the candidate must show it is no worse than the head, within
+    """gate.guards[]: a fixed task set on which the candidate must show it is no worse than the head, within
     `max_drop` (reef.gate)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="named in a rejection")
@@ -36,13 +36,19 @@ class GuardSettings(Section):
 
 
 class GateSettings(Section):
-    """When a candidate may replace the head (reef.gate)."""
+    """gate: when a candidate may replace the head (reef.gate)."""
 
-    policy: Literal["always", "improve", "manual"] = "improve"
+    policy: Literal["always", "improve", "manual"] = Field(
+        "improve",
+        description="always: every candidate that passes the guards; improve: one that beats "
+        "the head on the evaluation samples by a paired test; manual: an operator approves",
+    )
     margin: float = Field(0.0, description="improve: least mean improvement per eval sample")
     confidence: float = Field(0.9, gt=0.5, lt=1.0, description="improve: paired test confidence")
-    test: Literal["bootstrap", "sign"] = "bootstrap"
-    bootstrap_samples: int = Field(2000, ge=100)
+    test: Literal["bootstrap", "sign"] = Field(
+        "bootstrap", description="improve: the paired test, a bootstrap of the mean or a sign test"
+    )
+    bootstrap_samples: int = Field(2000, ge=100, description="bootstrap: resamples drawn")
     holdout: float = Field(
         0.25,
         ge=0.0,

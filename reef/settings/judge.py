@@ -10,7 +10,7 @@ from reef.settings.section import DOTTED, Section
 
 
 class JudgeSettings(Section):
-    """Who turns next turns and text-only reports into scored reports (reef.judge), in the
+    """judge: who turns next turns and text-only reports into scored reports (reef.judge), in the
     worker. Default judge: the scenario's served head through the engine's admin generate
     route; `url` + `model` name any OpenAI-compatible /v1 instead; `function` a rule judge."""
 
@@ -53,8 +53,8 @@ class JudgeSettings(Section):
         "stored as a drop with its reason (scenario status, /metrics)",
     )
     votes: int = Field(3, ge=1, description="m: answers per question, plurality wins")
-    temperature: float = Field(0.6, ge=0.0)
-    max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.6, ge=0.0, description="generate: sampling temperature")
+    max_tokens: int = Field(512, ge=1, description="generate: most tokens in one answer")
     timeout_s: float = Field(120.0, gt=0, description="per judged turn (all its answers)")
     concurrency: int = Field(8, ge=1, description="turns judged at once")
     session_ttl_s: float = Field(

@@ -12,7 +12,7 @@ from reef.settings.section import DOTTED, Section
 
 
 class TrainSettings(Section):
-    """How a weights recipe's training runs on the worker host (recipes.distributed)."""
+    """reef.train: how a weights recipe's training runs on the worker host (recipes.distributed)."""
 
     processes: int = Field(
         1,
@@ -28,10 +28,17 @@ class TrainSettings(Section):
 
 
 class LoopSettings(Section):
-    """The learning loop's keys (the seed's `reef:` section); used from the experience stream on."""
+    """reef: the learning loop's keys: the recipe, when an evolve run starts, where its
+    releases are deployed, and how training runs."""
 
-    recipe: str = "sft"
-    batch_size: int = Field(32, ge=1)
+    recipe: str = Field(
+        "sft",
+        description="how experience becomes a release: sft | kto | dpo | sao | grpo | openclaw "
+        "| harness | tttd, or pkg.module:Class",
+    )
+    batch_size: int = Field(
+        32, ge=1, description="eligible samples of a scenario that start an evolve run"
+    )
     max_staleness: int = Field(0, ge=0, description="releases behind the head a sample may be")
     params: dict[str, Any] = Field(
         default_factory=dict, description="the recipe's hyper-parameters, overriding its defaults"
@@ -66,7 +73,7 @@ class LoopSettings(Section):
         "its start-up imports and its training take the cores only when the serving engine "
         "leaves them; 0 runs it at the server's priority",
     )
-    seed: int = 0
+    seed: int = Field(0, description="random seed of training and evaluation")
     train: TrainSettings = TrainSettings()
 
     @field_validator("recipe")

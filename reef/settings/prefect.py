@@ -8,6 +8,8 @@ from reef.settings.section import Section
 
 
 class PrefectSettings(Section):
+    """prefect: the Prefect UI the dashboard links flow runs to."""
+
     ui_url: str | None = Field(
         None,
         description="the Prefect UI the dashboard links flow runs to; default: PREFECT_UI_URL, "

@@ -11,7 +11,7 @@ from reef.settings.section import DOTTED, Section, describe
 
 
 class ShadowSettings(Section):
-    """rollout.mode shadow: the candidate answers copies of a sample of calls, off the request
+    """rollout.shadow (mode shadow): the candidate answers copies of a sample of calls, off the request
     path, and the copies are scored against the head's answers (reef.shadow)."""
 
     sample: float = Field(0.1, gt=0.0, le=1.0, description="share of calls copied to it")
@@ -33,7 +33,7 @@ class ShadowSettings(Section):
 
 
 class ABSettings(Section):
-    """rollout.mode ab: a fixed, sticky split between two named releases, kept until an
+    """rollout.ab (mode ab): a fixed, sticky split between two named releases, kept until an
     operator ends it (reef.rollouts)."""
 
     releases: tuple[str, ...] = Field(
@@ -50,7 +50,7 @@ class ABSettings(Section):
 
 
 class RolloutSettings(Section):
-    """How an accepted release reaches live traffic (reef.rollouts); `scenarios` overrides any
+    """rollout: how an accepted release reaches live traffic (reef.rollouts); `scenarios` overrides any
     key per scenario."""
 
     mode: Literal["immediate", "canary", "shadow", "ab"] = Field(
@@ -69,11 +69,17 @@ class RolloutSettings(Section):
         description="what keeps one arm: session (x-reef-session-id, else the conversation's "
         "first message), user (x-reef-user-id), or tag:<name>",
     )
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="the sequential test's")
+    confidence: float = Field(
+        0.95, gt=0.5, lt=1.0, description="the sequential test's confidence level"
+    )
     margin: float = Field(0.0, ge=0.0, description="difference in mean score that counts")
     min_samples: int = Field(30, ge=1, description="reports per arm before a decision")
-    max_duration_s: float = Field(24 * 3600.0, gt=0, description="then inconclusive")
-    on_inconclusive: Literal["promote", "rollback"] = "rollback"
+    max_duration_s: float = Field(
+        24 * 3600.0, gt=0, description="a rollout still undecided this long is inconclusive"
+    )
+    on_inconclusive: Literal["promote", "rollback"] = Field(
+        "rollback", description="what ends a rollout that reached max_duration_s undecided"
+    )
     max_error_rate_increase: float = Field(
         0.05, ge=0.0, description="guardrail: canary error rate above the control's"
     )

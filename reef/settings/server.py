@@ -33,18 +33,34 @@ def host_name(text: str) -> str:
 
 
 class ServerSettings(Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8900, ge=0, le=65535)
-    state_dir: Path = Path(".reef")
-    default_scenario: str = "default"
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size cap")
+    """server: where Reef listens, where it keeps local state, the request limits it enforces
+    (a request over one gets 400 or 413) and who may scrape /metrics."""
+
+    host: str = Field(
+        "127.0.0.1",
+        description="bind address; one that is not loopback requires auth.tokens",
+    )
+    port: int = Field(8900, ge=0, le=65535, description="TCP port the API listens on")
+    state_dir: Path = Field(
+        Path(".reef"),
+        description="local state: the SQLite database, artifacts and MLflow store by default",
+    )
+    default_scenario: str = Field(
+        "default",
+        description="the scenario of a request that names none (x-reef-scenario header)",
+    )
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="request body size cap; a larger body gets 413"
+    )
     max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
     max_n: int = Field(4, ge=1, description="largest n (choices per request) a request may ask")
     max_stop: int = Field(4, ge=0, description="most stop strings (stop, stop_sequences)")
     max_stop_chars: int = Field(256, ge=1, description="longest stop string, in characters")
     max_messages: int = Field(1024, ge=1, description="most messages in one request")
     max_tools: int = Field(128, ge=0, description="most tool definitions in one request")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="least severe log line written (Reef's and uvicorn's)"
+    )
     log_format: Literal["text", "json"] = Field(
         "text",
         description="text lines, or JSON lines (time, level, logger, message, scenario, "

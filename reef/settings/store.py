@@ -8,6 +8,9 @@ from reef.settings.section import Section
 
 
 class StoreSettings(Section):
+    """store: the database of records, reports and releases (SQLite or PostgreSQL), its group
+    commit and retention."""
+
     # Secret: a Postgres URL may carry a password (Settings.database_url is the plain value).
     database_url: SecretStr | None = Field(
         None, description="sqlite:///path or postgresql+psycopg://...; default: state_dir/reef.db"
@@ -17,7 +20,9 @@ class StoreSettings(Section):
         ge=0,
         description="group commit: extra wait for company before a commit (0: natural batching only)",
     )
-    commit_max_batch: int = Field(512, ge=1)
+    commit_max_batch: int = Field(
+        512, ge=1, description="group commit: most records written in one transaction"
+    )
     retention_days: float | None = Field(
         None,
         gt=0,

@@ -13,6 +13,9 @@ TRACES_PATH = "/v1/traces"
 
 
 class TelemetrySettings(Section):
+    """telemetry: OpenTelemetry traces exported over OTLP/HTTP (protobuf), off unless
+    otlp_endpoint is set."""
+
     otlp_endpoint: str | None = Field(
         None,
         description="OTLP/HTTP receiver (a collector, Jaeger, Tempo, Phoenix, Langfuse): its "
