@@ -220,7 +220,7 @@ def plot(results: list[dict[str, Any]], sessions: int, path: Path, channel: str)
 def across_seeds(paths: list[Path], out: Path) -> int:
     """One JSON and one PNG from runs of several streams (`--seed`): per arm and learning
     rate, each stream's curve and the mean curve, sessions until 3 suited first answers in a
-    row and the share of suited first answers (ALGORITHMS.md §2.5's checks), per stream and
+    row and the share of suited first answers (the OpenClaw-RL paper's checks), per stream and
     mean."""
     groups: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
     for path in paths:

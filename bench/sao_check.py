@@ -1,4 +1,4 @@
-"""SAO small-scale check (ALGORITHMS.md §1.4): a stream of arithmetic problems, each attempted
+"""SAO small-scale check (the SAO paper): a stream of arithmetic problems, each attempted
 once in order, scored by an exact-match verifier; SAO learns after every rollout.
 
 Arms, all on the same problem stream:

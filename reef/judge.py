@@ -1,7 +1,7 @@
 """The judge: what came after an assistant turn (a next message, a text report) becomes a vote
 in {+1, 0, -1} and hindsight hints, stored as a report with `source: judge`.
 
-OpenClaw-RL's process reward (ALGORITHMS.md §2.2), in our own words. Two questions are asked
+OpenClaw-RL's process reward (the OpenClaw-RL paper), in our own words. Two questions are asked
 of the judged turn and its next state, each `votes` (m) times:
 
 - evaluate: did the turn meet the user's intent, given what came next? The last `\\boxed{v}`

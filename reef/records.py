@@ -217,7 +217,7 @@ class Record:
     idempotency_key: str | None = None
     # The generation-time top-K capture (reef.capture): per completion token the K most likely
     # token ids and their log-probs, {"k": K, "ids": [[...]], "logprobs": [[...]]}; None when
-    # the engine recorded none. The openclaw recipe's student set S^q (ALGORITHMS.md §2.3).
+    # the engine recorded none. The openclaw recipe's student set S^q (the OpenClaw-RL paper).
     topk: dict[str, Any] | None = None
 
 

@@ -10,7 +10,7 @@
 # TTTD_STEPS (50), TTTD_MAX_TOKENS (8192; the paper's 26,000 needs a long-context model),
 # TTTD_TIMEOUT (program seconds, 120), TTTD_LR (4e-5), TTTD_LORA_R (32), TTTD_ARMS (ttt),
 # TTTD_TEMPERATURE (1.0, §3.3).
-# Published anchors: 2.635983 (N = 26), 2.939573 (N = 32), ALGORITHMS.md §3.5.
+# Published anchors: 2.635983 (N = 26), 2.939573 (N = 32), the TTT-Discover paper
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}

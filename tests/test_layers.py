@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# What each layer may import besides itself (DESIGN.md, "Layers").
+# What each layer may import besides itself (docs/architecture.md, the layer table).
 ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "flows", "recipes", "deploy", "reef"},
     "api": {"deploy", "reef"},

@@ -1,4 +1,4 @@
-"""The PUCT archive of states (ALGORITHMS.md §3.4): which earlier programs the next step's
+"""The PUCT archive of states (the TTT-Discover paper): which earlier programs the next step's
 rollouts start from.
 
 score(s) = Q(s) + c · scale · P(s) · sqrt(1 + T) / (1 + n(s)), with Q(s) the best value among

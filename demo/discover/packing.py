@@ -1,4 +1,4 @@
-"""The circle-packing task (ALGORITHMS.md §3.5, scaled to N = 4-9 for the CPU demo): the
+"""The circle-packing task (the TTT-Discover paper, scaled to N = 4-9 for the CPU demo): the
 prompt, the seeded baseline program, the program extraction and the judge (sandbox + exact
 verifier; the program's reported sum is ignored)."""
 
@@ -17,7 +17,7 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 # Prepended to every program before it runs, as upstream prepends numpy (and its validator):
 # a child that copies its parent but drops the import line still runs.
 PRELUDE = "import math\n\nimport numpy as np\n\n"
-# Published anchors (sum of radii), ALGORITHMS.md §3.5: what the paper's runs reached.
+# Published anchors (sum of radii), the TTT-Discover paper: what the paper's runs reached.
 TARGETS = {26: 2.635983, 32: 2.939573}
 
 

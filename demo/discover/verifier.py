@@ -1,4 +1,4 @@
-"""The exact circle-packing verifier (ALGORITHMS.md §3.5): a packing is valid when its arrays
+"""The exact circle-packing verifier (the TTT-Discover paper): a packing is valid when its arrays
 have the exact shapes, hold no NaN, every radius is ≥ 0, every circle lies in the unit square
 and no two overlap, each up to a 1e-12 slack. The reward is the verifier's own Σ r_i; whatever
 sum the program reports is ignored."""

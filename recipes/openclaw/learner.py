@@ -1,4 +1,4 @@
-"""One OpenClaw-RL optimizer step per batch of judged turns (ALGORITHMS.md §2.3).
+"""One OpenClaw-RL optimizer step per batch of judged turns (the OpenClaw-RL paper).
 
 The policy is a PEFT LoRA model; its teacher is the same model with the adapters disabled, the
 frozen initial weights (exactly §2.5's "same PEFT model with adapters disabled"), run

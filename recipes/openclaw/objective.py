@@ -1,4 +1,4 @@
-"""OpenClaw-RL's loss as pure functions on one judged turn's tensors (ALGORITHMS.md §2.3):
+"""OpenClaw-RL's loss as pure functions on one judged turn's tensors (the OpenClaw-RL paper):
 the binary RL term, the hindsight teacher's candidate choice k*, and the top-K OPD term.
 
 Shapes: L response tokens, V vocabulary, K top-K ids per token, C teacher candidates.

@@ -3,7 +3,7 @@
 Nothing explicit is asked of the user. The worker's judge (reef.judge, flows/judging.py) reads
 each turn with what came next (the user's next message, a tool result, or a text-only report)
 and stores a vote in {-1, 0, +1} with hindsight hints as a report. Each judged turn is one
-sample (ALGORITHMS.md §2.1): a binary RL term with the raw vote as every token's advantage,
+sample (the OpenClaw-RL paper): a binary RL term with the raw vote as every token's advantage,
 plus a top-K distillation (OPD) term toward a hindsight teacher, the frozen initial weights
 reading the prompt with the hint appended, on the student's generation-time top-K ids (§2.3).
 Modes: combined (w_RL = w_OPD = 1), rl (w_OPD = 0), opd (w_RL = 0).
@@ -30,8 +30,8 @@ OPD_LEARNING_RATE = 1e-4  # opd: not measured at 3e-4
 
 @dataclass(frozen=True)
 class OpenClawParams:
-    """Defaults from ALGORITHMS.md §2.4, scaled to LoRA on a small model on CPU (§2.5) where
-    marked [deviation]."""
+    """Defaults from the OpenClaw-RL paper (arXiv 2603.10165), scaled to LoRA on a small model
+    on CPU where marked [deviation]."""
 
     mode: Mode = "combined"
     # One optimizer step per batch of judged turns (§2.1: 16; §2.5: 4-8 on CPU). A snapshot

@@ -2,8 +2,8 @@
 
 A judged turn is one recorded exchange a judge scored (reef.judge): the engine's exact token
 ids, its generation-time top-K capture (the student set of the distillation term), the
-judge's vote as the RL reward and its hint candidates. The dispatch table of ALGORITHMS.md
-§2.2 decides what it trains: hints make hint-enhanced teachers; a ±1 vote without hints makes
+judge's vote as the RL reward and its hint candidates. OpenClaw-RL's dispatch
+table decides what it trains: hints make hint-enhanced teachers; a ±1 vote without hints makes
 the anchor teacher (the plain prompt); a 0 without hints trains nothing.
 """
 

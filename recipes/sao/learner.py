@@ -1,4 +1,4 @@
-"""One SAO update per scored rollout: K critic steps, then one actor step (ALGORITHMS.md §1.2 g).
+"""One SAO update per scored rollout: K critic steps, then one actor step (the SAO paper).
 
 The learner holds the policy, the critic and their two optimizers (the critic's learning rate
 is scoped separately: the paper's "faster value updates"). `step` takes one rollout, so the

@@ -1,5 +1,5 @@
 """SAO's math as pure functions on one rollout's tensors: length-adaptive λ, skip-observation
-GAE, the DIS trust band, the policy loss and the clipped value loss (ALGORITHMS.md §1.2).
+GAE, the DIS trust band, the policy loss and the clipped value loss (the SAO paper).
 
 Every tensor here is one rollout's response, shape (L,): position t is response token y_t.
 `action_mask` is 1 on tokens the model generated and 0 on environment tokens spliced into the

@@ -1,6 +1,6 @@
 """The SAO recipe: each scored rollout trains at once, one update per rollout, in dataset order.
 
-Per rollout (ALGORITHMS.md §1): the policy is run teacher-forced on the recorded prompt ⊕
+Per rollout (the SAO paper): the policy is run teacher-forced on the recorded prompt ⊕
 completion ids; the behaviour log-probs are the recorded `logprobs` column; a value model gives
 per-token values; skip-observation GAE turns the rollout's one score into advantages; K critic
 steps then one actor step under the DIS trust band. The critic is saved with the candidate
@@ -34,7 +34,7 @@ FULL_POLICY_LR = 2e-6
 
 @dataclass(frozen=True)
 class SAOParams:
-    """Defaults from ALGORITHMS.md §1.3, with the CPU scale-down of §1.4 where it says so;
+    """Defaults from the SAO paper, scaled down for CPU where it says so;
     every departure from the paper's run is marked [deviation]."""
 
     # Adam, constant schedule (§1.3). None: LORA_POLICY_LR or FULL_POLICY_LR. [deviation]

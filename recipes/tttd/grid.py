@@ -1,4 +1,4 @@
-"""The step grid (ALGORITHMS.md §3.1): where each scored rollout sits (step, group, rollout),
+"""The step grid (the TTT-Discover paper): where each scored rollout sits (step, group, rollout),
 the report contract that puts it there, and the barrier that turns a full grid into a batch.
 
 A client (the search harness, demo/discover) reports every rollout of step s against its

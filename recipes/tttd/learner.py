@@ -1,6 +1,6 @@
 """One TTT-Discover step on a full grid: advantages per group, KL shaping to the frozen base,
 the un-clipped token-sum IS loss, one Adam step; the candidate adapter with its optimizer state
-and the best program so far (ALGORITHMS.md §3.1-3.3)."""
+and the best program so far (the TTT-Discover paper)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TTT-Discover's math as pure functions (ALGORITHMS.md §3.2): the tilted distribution's KL to
+"""TTT-Discover's math as pure functions (the TTT-Discover paper): the tilted distribution's KL to
 uniform, the adaptive β found by bisection, leave-one-out entropic advantages, centred KL
 shaping to the frozen base, and the un-clipped token-sum importance-sampling loss.
 

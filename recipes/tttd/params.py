@@ -1,4 +1,4 @@
-"""TTT-Discover's hyper-parameters (ALGORITHMS.md §3.3), apart so the learner and the recipe
+"""TTT-Discover's hyper-parameters (the TTT-Discover paper), apart so the learner and the recipe
 both read them without importing each other."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TTTDParams:
-    """Defaults from ALGORITHMS.md §3.3 (the paper-fidelity run); the CPU demo overrides the
+    """Defaults from the TTT-Discover paper (the paper-fidelity run); the CPU demo overrides the
     grid and the LoRA rank (§3.6). Every departure is marked [deviation]."""
 
     groups_per_step: int = 8  # G: parents (initial states) per step

@@ -1,6 +1,6 @@
 """The TTT-Discover recipe: one optimizer step per full step grid of scored rollouts.
 
-Per evolve run (ALGORITHMS.md §3): the barrier (recipes.tttd.grid) picks the lowest full
+Per evolve run (the TTT-Discover paper): the barrier (recipes.tttd.grid) picks the lowest full
 G × R grid; groups whose rewards are all equal are removed (all constant: the first is kept
 for a well-defined zero-signal step); each remaining group gets an adaptive β (KL of the tilted
 group to uniform = ln 2) and leave-one-out entropic advantages; the per-token advantages are

@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 # Deployable.verify's smoke generation: the forward passes run and their logits are finite.
 VERIFY_MESSAGES = [{"role": "user", "content": "Say hello."}]
 VERIFY_TOKENS = 2
-# Top-K ids and log-probs recorded per generated token (K = 4, OpenClaw-RL's capture_topk,
-# ALGORITHMS.md §2.4): the student set of the openclaw recipe's distillation term. The top-K
+# Top-K ids and log-probs recorded per generated token (K = 4, OpenClaw-RL's capture_topk):
+# the student set of the openclaw recipe's distillation term. The top-K
 # of the raw distribution is also the sampling distribution's (temperature and top-p keep the
 # order), so the ids are exactly the sampler's.
 CAPTURE_TOPK = 4

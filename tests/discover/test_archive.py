@@ -1,4 +1,4 @@
-"""The PUCT archive on a toy archive (ALGORITHMS.md §3.4): scores by hand, max-child Q,
+"""The PUCT archive on a toy archive (the TTT-Discover paper): scores by hand, max-child Q,
 selection with lineage blocking, the top-2 children rule, the cap and save/load."""
 
 from __future__ import annotations

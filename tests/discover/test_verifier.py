@@ -1,4 +1,4 @@
-"""The exact circle-packing verifier (ALGORITHMS.md §3.5) and the judge that trusts only it."""
+"""The exact circle-packing verifier (the TTT-Discover paper) and the judge that trusts only it."""
 
 from __future__ import annotations
 

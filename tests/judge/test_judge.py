@@ -1,4 +1,4 @@
-"""The judge's rules (ALGORITHMS.md §2.2): plurality with ties -> 0, the hint filter, the
+"""The judge's rules (the OpenClaw-RL paper): plurality with ties -> 0, the hint filter, the
 dispatch table, and a judgment as a stored report that a person's report overrides."""
 
 from __future__ import annotations

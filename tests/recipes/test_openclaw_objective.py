@@ -1,4 +1,4 @@
-"""OpenClaw-RL's objective (ALGORITHMS.md §2.3, §2.5): k* selection on a hand-built overlap
+"""OpenClaw-RL's objective (the OpenClaw-RL paper): k* selection on a hand-built overlap
 matrix, the OPD gradient identity with ρ ≡ 1, the anchor case's zero gradient at step 0, and
 the rows the recipe drops with a counted reason."""
 

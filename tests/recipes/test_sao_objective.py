@@ -1,4 +1,4 @@
-"""SAO's math (recipes/sao/objective.py) against hand-computed values (ALGORITHMS.md §1.4)."""
+"""SAO's math (recipes/sao/objective.py) against hand-computed values (the SAO paper)."""
 
 from __future__ import annotations
 

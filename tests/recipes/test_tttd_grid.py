@@ -1,4 +1,4 @@
-"""The step grid's barrier and report contract (recipes.tttd.grid, ALGORITHMS.md §3.1): only
+"""The step grid's barrier and report contract (recipes.tttd.grid, the TTT-Discover paper): only
 a full G × R grid trains; the first report at a slot wins; other sizes, bad metadata and
 grids of mixed releases never train."""
 

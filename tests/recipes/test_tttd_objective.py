@@ -1,4 +1,4 @@
-"""TTT-Discover's math (ALGORITHMS.md §3.2): the adaptive β reaches KL ln 2 by bisection, the
+"""TTT-Discover's math (the TTT-Discover paper): the adaptive β reaches KL ln 2 by bisection, the
 leave-one-out entropic advantages match hand computation, the KL shaping is centred, and the
 IS loss's gradient at ρ = 1 is the plain policy gradient."""
 
@@ -38,7 +38,7 @@ def test_bisection_hits_ln2(rewards: list[float]) -> None:
 
 
 def test_spec_examples() -> None:
-    # ALGORITHMS.md §3.2 b: {0,0,1} → β≈2.85, A≈(−0.89, −0.89, 16.3); {1,2,3,4} → β≈1.45.
+    # hand-computed: {0,0,1} → β≈2.85, A≈(−0.89, −0.89, 16.3); {1,2,3,4} → β≈1.45.
     beta = adaptive_beta([0.0, 0.0, 1.0])
     assert beta == pytest.approx(2.85, abs=0.01)
     assert loo_advantages([0.0, 0.0, 1.0], beta) == pytest.approx([-0.89, -0.89, 16.3], abs=0.05)
