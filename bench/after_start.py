@@ -127,6 +127,7 @@ class Served:
 
 async def window(url: str, seconds: float, concurrency: int, max_tokens: int) -> dict[str, Any]:
     """Stream greedy requests, `concurrency` in flight, for `seconds`; tokens per 10 s."""
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     started = time.monotonic()
     ended: list[tuple[float, int]] = []
 
@@ -135,7 +136,7 @@ async def window(url: str, seconds: float, concurrency: int, max_tokens: int) ->
             i = k
             while time.monotonic() - started < seconds:
                 body = {
-                    "model": "reef",
+                    "model": model,
                     "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
                     "temperature": 0,
                     "max_tokens": max_tokens,
