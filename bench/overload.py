@@ -12,10 +12,12 @@ two `reef serve --engine upstream` in front of it:
 Then, for each concurrency level (`--levels`), each arm in turn (on, off) for `--seconds`:
 that many client connections, each sending a small chat completion, waiting for its answer at
 most `--timeout-s` (a client's patience: a later answer is lost to it, the connection is
-dropped and the next call sent), and after a 429 pausing `--backoff-s` before the next. Between
+dropped and the next call sent), and after a 429 pausing for its Retry-After (as the OpenAI
+SDK does; `--backoff-s` instead) before the next. Between
 two measurements the upstream's line drains (Reef's /metrics: nothing running). Reported per
 level and arm: offered load (calls sent/s), goodput (200s within the timeout/s), refused/s
-(429), timed out/s, p50/p99 latency of the 200s. At the end, every 200 must have its record
+(429), timed out/s, p50/p99 latency of the 200s, p50 latency of the 429s (as the client saw
+it, and Reef's own mean time on one, from its /metrics). At the end, every 200 must have its record
 (records in each arm's database >= its 200s).
 
     .venv/bin/python bench/overload.py                  # ~3-4 min on 2 cores
@@ -71,9 +73,11 @@ class Level:
     timed_out: int = 0
     failed: int = 0
     latencies_ms: list[float] = field(default_factory=list)
+    refused_ms: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies_ms)
+        refused = sorted(self.refused_ms)
         return {
             "arm": self.arm,
             "connections": self.connections,
@@ -84,6 +88,7 @@ class Level:
             "failed": self.failed,
             "p50_ms": round(_pct(lat, 0.50), 1) if lat else None,
             "p99_ms": round(_pct(lat, 0.99), 1) if lat else None,
+            "refused_p50_ms": round(_pct(refused, 0.50), 1) if refused else None,
             "ok": self.ok,
         }
 
@@ -153,13 +158,15 @@ async def _client(
         level.sent += 1
         t0 = time.perf_counter()
         try:
-            r = await client.post(f"{url}/v1/chat/completions", json=BODY)
-        except httpx.TimeoutException:
+            # the client's patience is for the whole call (httpx's timeouts are per step)
+            async with asyncio.timeout(args.timeout_s):
+                r = await client.post(f"{url}/v1/chat/completions", json=BODY)
+        except (TimeoutError, httpx.TimeoutException):
             level.timed_out += 1
             continue
         except httpx.HTTPError:
             level.failed += 1
-            await asyncio.sleep(args.backoff_s)
+            await asyncio.sleep(args.backoff_s or 0.1)
             continue
         ms = (time.perf_counter() - t0) * 1000.0
         if r.status_code == 200:
@@ -167,10 +174,12 @@ async def _client(
             level.latencies_ms.append(ms)
         elif r.status_code == 429:
             level.refused += 1
-            await asyncio.sleep(args.backoff_s)
+            level.refused_ms.append(ms)
+            retry_after = float(r.headers.get("retry-after") or 1)
+            await asyncio.sleep(args.backoff_s if args.backoff_s is not None else retry_after)
         else:
             level.failed += 1
-            await asyncio.sleep(args.backoff_s)
+            await asyncio.sleep(args.backoff_s or 0.1)
 
 
 async def measure(url: str, arm: str, connections: int, args: argparse.Namespace) -> Level:
@@ -188,6 +197,16 @@ async def measure(url: str, arm: str, connections: int, args: argparse.Namespace
     return level
 
 
+def _run(coro: Any) -> Any:
+    """uvloop where installed (it ships with uvicorn[standard]): the clients share the cores
+    with what they measure, and plain asyncio spends more of them."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
 def in_engine(url: str) -> float:
     """Calls in the engine or waiting for it, from Reef's /metrics."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -196,6 +215,23 @@ def in_engine(url: str) -> float:
         found = re.search(rf"^{name} (\S+)$", text, re.M)
         total += float(found.group(1)) if found else 0.0
     return total
+
+
+def refusals_served(url: str) -> tuple[float, float, float, float]:
+    """(seconds, count) Reef spent on the 429s of the chat route so far (its own histogram),
+    and its refusals for a full line and for a wait too long."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    series = [
+        'reef_http_request_seconds_sum{method="POST",route="/v1/chat/completions",status="429"}',
+        'reef_http_request_seconds_count{method="POST",route="/v1/chat/completions",status="429"}',
+        'reef_engine_refused_total{reason="queue_full"}',
+        'reef_engine_refused_total{reason="queue_wait"}',
+    ]
+    out = []
+    for name in series:
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        out.append(float(found.group(1)) if found else 0.0)
+    return out[0], out[1], out[2], out[3]
 
 
 def drain(url: str, timeout_s: float = 120.0) -> float:
@@ -220,7 +256,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int, default=8, help="bound on: engine.max_queue")
     p.add_argument("--max-wait-s", type=float, default=0.5, help="bound on: max_queue_wait_s")
     p.add_argument("--timeout-s", type=float, default=1.0, help="a client's patience")
-    p.add_argument("--backoff-s", type=float, default=0.1, help="a client's pause after a 429")
+    p.add_argument(
+        "--backoff-s",
+        type=float,
+        default=None,
+        help="a client's pause after a 429 (default: its Retry-After, as the OpenAI SDK does)",
+    )
     p.add_argument("--reef", type=Path, default=Path(sys.executable).parent / "reef")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "overload.json")
     p.add_argument("--png", type=Path, default=ROOT / "docs" / "overload.png")
@@ -256,9 +297,17 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(proc)
         for n in levels:
             for arm, url in urls.items():
-                level = asyncio.run(measure(url, arm, n, args))
+                before = refusals_served(url)
+                level = _run(measure(url, arm, n, args))
                 waited = drain(url)
+                after = refusals_served(url)
                 row = level.summary()
+                count = after[1] - before[1]
+                row["refused_server_ms"] = (
+                    round((after[0] - before[0]) / count * 1000, 2) if count else None
+                )
+                row["queue_full"] = int(after[2] - before[2])
+                row["queue_wait"] = int(after[3] - before[3])
                 row["drain_s"] = round(waited, 1)
                 results.append(row)
                 okays[arm] = okays.get(arm, 0) + level.ok
@@ -288,6 +337,8 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['connections']:>3} conns  {row['arm']:<3}  offered {row['offered_per_s']:>6}/s  "
         f"goodput {row['goodput_per_s']:>5}/s  refused {row['refused_per_s']:>6}/s  "
         f"timed out {row['timed_out_per_s']:>5}/s  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms"
+        f"  429 p50 {row['refused_p50_ms']} ms (in Reef {row['refused_server_ms']} ms; "
+        f"{row['queue_full']} full, {row['queue_wait']} waited)"
         f"  (drained in {row['drain_s']} s)"
     )
 
