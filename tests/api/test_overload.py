@@ -34,7 +34,7 @@ def _front(
     state: Path = tmp.mktemp(name)
     return InProcessReef(
         state,
-        engine={"kind": "upstream", "upstream": {"url": echo.base_url}, **engine},  # type: ignore[dict-item]
+        engine={"kind": "upstream", "upstream": {"url": echo.base_url}, **engine},
     )
 
 
@@ -45,23 +45,25 @@ def echo() -> Iterator[EchoUpstream]:
 
 
 @pytest.fixture(scope="module")
-def bounded(tmp_path_factory: pytest.TempPathFactory, echo: EchoUpstream) -> Iterator[InProcessReef]:
+def bounded(
+    tmp_path_factory: pytest.TempPathFactory, echo: EchoUpstream
+) -> Iterator[InProcessReef]:
     with _front(tmp_path_factory, echo, "bounded", max_running=2, max_queue=2) as front:
         yield front
 
 
-def _slow_call(front: InProcessReef, scenario: str, hold_s: float = HOLD_S) -> httpx.Response:
+def _slow_call(
+    front: InProcessReef, scenario: str, hold_s: float = HOLD_S, key: str | None = None
+) -> httpx.Response:
     body = {
         "model": "echo",
         "messages": [{"role": "user", "content": "take your time"}],
         "echo_upstream": {"delay_s": hold_s},
     }
-    return httpx.post(
-        f"{front.url}/v1/chat/completions",
-        json=body,
-        headers={"x-reef-scenario": scenario},
-        timeout=60,
-    )
+    headers = {"x-reef-scenario": scenario}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return httpx.post(f"{front.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
 def _readiness(front: InProcessReef) -> tuple[int, dict]:
@@ -156,7 +158,7 @@ def test_busy_engine_refuses_every_route_in_its_own_shape_and_readiness_says_bus
             oa.chat.completions.create(model="echo", messages=messages, stream=True)  # type: ignore[arg-type]
         assert streamed.value.response.headers["content-type"].startswith("application/json")
         with pytest.raises(anthropic.RateLimitError) as anth:
-            an.messages.create(model="echo", max_tokens=8, messages=messages)  # type: ignore[list-item]
+            an.messages.create(model="echo", max_tokens=8, messages=messages)  # type: ignore[arg-type]
         assert anth.value.body["type"] == "error"  # type: ignore[index]
         assert anth.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
         assert "retry-after" in anth.value.response.headers
@@ -183,7 +185,7 @@ def test_a_call_that_waited_too_long_is_refused_not_run(
     ):
         first = pool.submit(_slow_call, front, scenario)
         time.sleep(0.3)  # the first holds the only slot
-        second = pool.submit(_slow_call, front, scenario)
+        second = pool.submit(_slow_call, front, scenario, HOLD_S, "late-1")
         late, served = second.result(), first.result()
         assert served.status_code == 200
         _assert_engine_busy(late)
@@ -192,5 +194,17 @@ def test_a_call_that_waited_too_long_is_refused_not_run(
         assert _metric(front, 'reef_engine_refused_total{reason="queue_wait"}') == 1
         (record,) = records_of(front, scenario)
         assert record["id"] == served.headers["x-reef-agent-record-id"]
-        # the slot the refused call never took is free: the next call runs at once
-        assert _slow_call(front, scenario, hold_s=0.0).status_code == 200
+        # the slot the refused call never took is free, and so is its Idempotency-Key: its
+        # retry (the same body) is served at once, as a new answer, not a replay or a 409
+        retried = _slow_call(front, scenario, HOLD_S, "late-1")
+        assert retried.status_code == 200, retried.text
+        assert retried.elapsed.total_seconds() < HOLD_S + 1.0
+        assert "x-reef-idempotent-replay" not in retried.headers
+        assert len(records_of(front, scenario)) == 2
+        assert _metric(front, "reef_engine_running") == 0
+
+
+def test_the_embedded_engine_is_given_its_batch_at_once(server: InProcessReef) -> None:
+    """Default bounds: as many calls as the embedded engine decodes together run, 256 wait."""
+    assert _metric(server, "reef_engine_max_running") == 8  # engine.embedded.max_batch_size
+    assert _metric(server, "reef_engine_max_queue") == 256
