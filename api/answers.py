@@ -54,6 +54,8 @@ async def start_call(
     route found itself (a continued response's). `native`: see Serving.new_call."""
     asked = call_headers(request)
     principal = request.scope.get(PRINCIPAL)
+    # A full line refuses before the quota counts the call or its session is looked up.
+    svc.serving.check_admission()
     counters = await svc.quotas.admit(principal.name, scenario.name) if principal else []
     call = await svc.serving.new_call(
         scenario,

@@ -113,7 +113,8 @@ HEADERS: dict[str, dict[str, Any]] = {
         "schema": {"type": "string", "enum": ["true"]},
     },
     "RetryAfter": {
-        "description": "Seconds until the quota's window that is full ends.",
+        "description": "Seconds until the quota's window that is full ends, or, for a busy "
+        "engine, until its line has probably drained.",
         "required": True,
         "schema": {"type": "integer", "minimum": 0},
     },
@@ -168,7 +169,9 @@ WHY = {
     413: "The body is larger than server.max_body_bytes",
     415: "The body is not sent as JSON",
     421: "The Host header names a server this one does not answer for",
-    429: "The token's quota is spent for now (auth.tokens[].quota); Retry-After says how long",
+    429: "The token's quota is spent for now (auth.tokens[].quota), or the engine is busy "
+    "(code engine_busy: its line of waiting calls is full, engine.max_queue, or the call waited "
+    "engine.max_queue_wait_s; it was not run, nothing is recorded); Retry-After says how long",
     500: "The engine failed while serving the request",
     502: "The upstream engine failed or could not be reached",
     503: "Something the request needs is not available now (the store, the engine, a worker)",

@@ -1,7 +1,8 @@
 """What /readyz reports: each dependency of a serving process and its state.
 
 Needed to serve, a failure makes the process not ready (503): the store (every call is
-recorded) and the engine. Needed only to learn, a failure leaves it ready but degraded (200):
+recorded) and the engine. An engine whose line is full or nearly (reef.admission: calls beyond
+engine.max_queue are answered 429) is "busy": the process is degraded (200), still serving. Needed only to learn, a failure leaves it ready but degraded (200):
 the artifact store, MLflow and the evolve worker; calls are served and recorded meanwhile, and
 evolve runs, deploys and clean-ups fail with their own errors until it is back.
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.evolver import Evolver
+from reef.admission import Admission
 from reef.artifacts import ArtifactStore
 from reef.engines.base import Engine
 from reef.registry.clients import ping_tracking
@@ -34,7 +36,9 @@ LEARN_CACHE_S = 5.0
 
 @dataclass(frozen=True)
 class State:
-    state: str  # ok | unavailable | off (not configured) | unchecked (a kind not checked)
+    # ok | busy (serving, its line full or nearly) | unavailable | off (not configured) |
+    # unchecked (a kind not checked)
+    state: str
     needed: str  # serve | learn
     reason: str | None = None
 
@@ -47,7 +51,8 @@ class State:
 
 class Dependencies:
     """The states /readyz reports, and its status: not_ready (503) when the store or the engine
-    is down, degraded (200) when something needed only to learn is, else ready (200)."""
+    is down, degraded (200) when the engine is busy or something needed only to learn is down,
+    else ready (200)."""
 
     def __init__(
         self,
@@ -56,7 +61,9 @@ class Dependencies:
         artifacts: ArtifactStore,
         tracking_uri: str,
         evolver: Evolver | None,
+        admission: Admission | None = None,
     ):
+        self.admission = admission
         self.store = store
         self.engine = engine
         self.artifacts = artifacts
@@ -71,19 +78,33 @@ class Dependencies:
         store_ok, engine_ok, learn = await asyncio.gather(
             asyncio.to_thread(self.store.ping), self.engine.ready(), self._learning()
         )
+        engine = self._engine(engine_ok)
         states = {
             "store": State("ok" if store_ok else "unavailable", "serve"),
-            "engine": State("ok" if engine_ok else "unavailable", "serve"),
+            "engine": engine,
             **learn,
         }
         if not (store_ok and engine_ok):
             status = "not_ready"
-        elif any(s.state == "unavailable" for s in learn.values()):
+        elif engine.state == "busy" or any(s.state == "unavailable" for s in learn.values()):
             status = "degraded"
         else:
             status = "ready"
         body = {"status": status, "dependencies": {k: s.as_dict() for k, s in states.items()}}
         return (503 if status == "not_ready" else 200), body
+
+    def _engine(self, up: bool) -> State:
+        """The engine's state: unavailable, busy (its line full or nearly), or ok."""
+        if not up:
+            return State("unavailable", "serve")
+        load = self.admission.load() if self.admission is not None else None
+        if load is None or not load.busy:
+            return self._noted("engine", "ok", needed="serve")
+        reason = (
+            f"{load.running} calls running, {load.waiting} of {load.max_queue} waiting: "
+            "calls beyond are answered 429"
+        )
+        return self._noted("engine", "busy", reason, needed="serve")
 
     async def _learning(self) -> dict[str, State]:
         if time.monotonic() - self._learn_at < LEARN_CACHE_S:
@@ -123,12 +144,19 @@ class Dependencies:
             return self._noted("worker", "ok")
         return self._noted("worker", "unavailable", f"exited with code {code}")
 
-    def _noted(self, name: str, state: str, reason: str | None = None, error: str = "") -> State:
-        """The state, logged when it turns unavailable or back."""
+    def _noted(
+        self,
+        name: str,
+        state: str,
+        reason: str | None = None,
+        error: str = "",
+        needed: str = "learn",
+    ) -> State:
+        """The state, logged when it turns unavailable or busy, or back."""
         was = self._logged.get(name, "ok")
-        if state == "unavailable" and was != "unavailable":
-            log.warning("readiness: %s is unavailable: %s", name, error or reason)
-        elif was == "unavailable" and state != "unavailable":
+        if state in ("unavailable", "busy") and was != state:
+            log.warning("readiness: %s is %s: %s", name, state, error or reason)
+        elif was in ("unavailable", "busy") and state not in ("unavailable", "busy"):
             log.info("readiness: %s is back", name)
         self._logged[name] = state
-        return State(state, "learn", reason)
+        return State(state, needed, reason)

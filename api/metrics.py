@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reef.admission import Admission
 from reef.logs import REQUEST
 
 _LATENCY_BUCKETS = (
@@ -120,6 +124,40 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class AdmissionCollector(Collector):
+    """The engine's line (reef.admission) in /metrics: the calls refused by reason, and the
+    calls running and waiting now, read when scraped."""
+
+    def __init__(self, admission: Admission):
+        self.admission = admission
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        a = self.admission
+        refused = CounterMetricFamily(
+            "reef_engine_refused",
+            "Calls answered 429 engine_busy instead of being run, by reason: queue_full (the "
+            "line held engine.max_queue calls) or queue_wait (engine.max_queue_wait_s passed)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(a.refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        load = a.load()
+        yield GaugeMetricFamily(
+            "reef_engine_running", "Calls in the engine now (its running slots taken)", load.running
+        )
+        yield GaugeMetricFamily(
+            "reef_engine_queue_depth", "Calls waiting in line for the engine now", load.waiting
+        )
+        yield GaugeMetricFamily(
+            "reef_engine_max_running", "Calls the engine is given at once", load.max_running
+        )
+        if load.max_queue is not None:
+            yield GaugeMetricFamily(
+                "reef_engine_max_queue", "Calls that may wait for the engine", load.max_queue
+            )
 
 
 class MetricsMiddleware:

@@ -18,7 +18,7 @@ from api import registration
 from api.auth import Authenticator, Principal
 from api.dependencies import Dependencies
 from api.evolver import Evolver
-from api.metrics import Metrics
+from api.metrics import AdmissionCollector, Metrics
 from api.quotas import QuotaCollector, QuotaGate
 from api.readiness_metrics import ReadinessCollector
 from api.rollouts import watcher as rollout_watcher
@@ -26,6 +26,7 @@ from api.telemetry_metrics import TelemetryCollector
 from deploy.chain import ReleaseChain
 from deploy.engine import EngineTarget, Fleet, engines_for
 from reef import evaluation_pool, events
+from reef.admission import Admission
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.background import BackgroundTask
 from reef.deletion import Cleaner
@@ -109,6 +110,7 @@ class Services:
         committer, metrics = _committer_and_metrics(settings, store, telemetry)
         harnesses = HarnessCache(artifacts, cache)
         rollouts = Rollouts(store, settings.rollout)
+        admission = _admission(settings, metrics)
         serving = Serving(
             engine,
             store,
@@ -125,6 +127,7 @@ class Services:
                 judging=settings.judge,
                 on_outcome=lambda scenario, outcome: metrics.shadow.labels(scenario, outcome).inc(),
             ),
+            admission=admission,
         )
         local = LocalEngine(engine, serving, variants)
         # Rollbacks, promotes and harness releases through this process reach every engine
@@ -158,7 +161,9 @@ class Services:
             quotas=quotas,
             watcher=rollout_watcher(chain, rollouts, settings.rollout.check_interval_s),
             cleaner=Cleaner(store, settings, artifacts),
-            dependencies=Dependencies(store, engine, artifacts, settings.tracking_uri, evolver),
+            dependencies=Dependencies(
+                store, engine, artifacts, settings.tracking_uri, evolver, admission
+            ),
             heartbeat=_heartbeat(settings, store),
             variants=variants,
             evolver=evolver,
@@ -264,6 +269,15 @@ def _committer_and_metrics(
     if telemetry.enabled:
         metrics.registry.register(TelemetryCollector(telemetry))
     return committer, metrics
+
+
+def _admission(settings: Settings, metrics: Metrics) -> Admission:
+    """The engine's running slots and bounded line (engine.max_running, max_queue,
+    max_queue_wait_s), shown in /metrics."""
+    engine = settings.engine
+    admission = Admission(engine.running_limit(), engine.max_queue, engine.max_queue_wait_s)
+    metrics.registry.register(AdmissionCollector(admission))
+    return admission
 
 
 def _heartbeat(settings: Settings, store: Store) -> BackgroundTask | None:

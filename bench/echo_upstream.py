@@ -25,6 +25,11 @@ pass through untouched anyway:
         "close_delay_s": 0.05,       # does to an idle keep-alive connection), this much later
     }
 
+A whole server can also stand in for one with a fixed capacity (a GPU server's batch):
+`--capacity N --service-s S` serves at most N chat completions at once, each taking S seconds
+(before any `delay_s`); the others wait in its line, as a saturated vLLM's do
+(bench/overload.py drives it past that).
+
 It is written against httptools and uvloop directly (both ship with uvicorn[standard]) because
 the benchmark shares two cores between wrk, this server and Reef: a framework here would eat
 the CPU the measurement is about.
@@ -39,7 +44,6 @@ import asyncio
 import re
 import signal
 import ssl
-import sys
 import time
 import zlib
 from http import HTTPStatus
@@ -85,9 +89,14 @@ def _error(status: int, message: str) -> bytes:
 class EchoServer:
     """What the server answers, independent of the transport."""
 
-    def __init__(self, models: list[str], api_key: str | None):
+    def __init__(
+        self, models: list[str], api_key: str | None, capacity: int = 0, service_s: float = 0.0
+    ):
         self.models = models
         self.api_key = api_key
+        # --capacity / --service-s: completions served at once, and how long each takes
+        self.service_s = service_s
+        self.slots = asyncio.Semaphore(capacity) if capacity > 0 else None
         self.counter = 0
         self.connections = 0  # reported by `reflect`: lets tests see keep-alive and caching
         self.models_requests = 0
@@ -326,7 +335,7 @@ class _Connection(asyncio.Protocol):
             self._send(400, _error(400, "body is not a JSON object"), close=not keep)
             return
         control = body.get("echo_upstream") or {}
-        if control:
+        if control or self.server.service_s > 0:
             task = asyncio.get_running_loop().create_task(self._controlled(body, control, keep))
             _TASKS.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(_TASKS.discard)
@@ -341,6 +350,12 @@ class _Connection(asyncio.Protocol):
             self._send(200, orjson.dumps(completion(self.server, body, control)), close=not keep)
 
     async def _controlled(self, body: dict[str, Any], control: dict[str, Any], keep: bool) -> None:
+        if self.server.service_s > 0:
+            if self.server.slots is None:
+                await asyncio.sleep(self.server.service_s)
+            else:
+                async with self.server.slots:
+                    await asyncio.sleep(self.server.service_s)
         if control.get("delay_s"):
             await asyncio.sleep(float(control["delay_s"]))
         if self.transport is None or self.transport.is_closing():
@@ -441,9 +456,15 @@ def _sse(event: bytes) -> bytes:
 
 
 async def serve(
-    host: str, port: int, models: list[str], api_key: str | None, tls: ssl.SSLContext | None
+    host: str,
+    port: int,
+    models: list[str],
+    api_key: str | None,
+    tls: ssl.SSLContext | None,
+    capacity: int = 0,
+    service_s: float = 0.0,
 ) -> None:
-    server = EchoServer(models, api_key)
+    server = EchoServer(models, api_key, capacity, service_s)
     loop = asyncio.get_running_loop()
     srv = await loop.create_server(lambda: _Connection(server), host, port, backlog=1024, ssl=tls)
     bound = srv.sockets[0].getsockname()[1]
@@ -463,12 +484,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-key", default=None, help="require this bearer token")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    p.add_argument(
+        "--capacity", type=int, default=0, help="completions served at once (0: no limit)"
+    )
+    p.add_argument(
+        "--service-s", type=float, default=0.0, help="how long each completion takes (seconds)"
+    )
     args = p.parse_args(argv)
     tls = None
     if args.tls_cert:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(args.tls_cert, args.tls_key)
-    coro = serve(args.host, args.port, args.model or ["echo"], args.api_key, tls)
+    coro = serve(
+        args.host,
+        args.port,
+        args.model or ["echo"],
+        args.api_key,
+        tls,
+        args.capacity,
+        args.service_s,
+    )
     try:
         import uvloop
     except ImportError:  # plain asyncio still works, just slower
@@ -478,4 +513,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

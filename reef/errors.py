@@ -141,6 +141,18 @@ class RateLimited(ReefError):
         self.type = type
 
 
+class EngineBusy(RateLimited):
+    """The engine's line is full, or a call waited in it too long (reef.admission): 429 with
+    Retry-After, in OpenAI's error shape (Anthropic's on /v1/messages). Safe to retry: the call
+    was never run."""
+
+    def __init__(self, message: str, *, retry_after_s: int, reason: str):
+        super().__init__(
+            message, retry_after_s=retry_after_s, type="rate_limit_error", code="engine_busy"
+        )
+        self.reason = reason  # queue_full | queue_wait
+
+
 class ServiceUnavailable(ReefError):
     """Something this request needs is not running here (a worker, say)."""
 

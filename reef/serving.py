@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reef import anthropic, logs, responses
+from reef.admission import Admission, Slot
 from reef.engines.base import Completion, Engine, ServesResponses
 from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
@@ -133,8 +134,12 @@ class Serving:
         limits: Limits | None = None,
         rollouts: Rollouts | None = None,
         shadows: Shadows | None = None,
+        admission: Admission | None = None,
     ):
         self.engine = engine
+        # The engine's running slots and the bounded line in front of them (engine.max_running,
+        # max_queue, max_queue_wait_s): every call takes a slot before the engine sees it.
+        self.admission = admission
         # Live canaries: which arm (release) serves a call, and each arm's health.
         self.rollouts = rollouts
         # Shadow rollouts: copies of calls answered by the candidate after the user's answer.
@@ -217,6 +222,16 @@ class Serving:
             assert isinstance(self.engine, ServesResponses)
             return self.engine.respond_stream(call.engine_body)
         return self.engine.stream(call.engine_body)
+
+    def check_admission(self) -> None:
+        """EngineBusy (429) now when the engine's line is full: the early answer, before the
+        call's session, quota and Idempotency-Key are looked at (the authoritative check is
+        when the call takes its slot)."""
+        if self.admission is not None:
+            self.admission.check()
+
+    async def _slot(self) -> Slot | None:
+        return await self.admission.enter() if self.admission is not None else None
 
     def check_max_tokens(self, max_tokens: int | None, param: str = "max_tokens") -> None:
         self.limits.check_max_tokens(max_tokens, param)
@@ -513,12 +528,17 @@ class Serving:
         t0 = time.perf_counter()
         record: Record | None = None
         try:
+            slot = await self._slot()
             try:
-                done = await self._engine_complete(call)
-            except UnknownModel:
-                if not await self._reloaded(call):
-                    raise
-                done = await self._engine_complete(call)
+                try:
+                    done = await self._engine_complete(call)
+                except UnknownModel:
+                    if not await self._reloaded(call):
+                        raise
+                    done = await self._engine_complete(call)
+            finally:  # the engine is done with it: the next call in line starts meanwhile
+                if slot is not None:
+                    slot.release()
             record = self._record(call, render(done.response), done, t0)
             try:
                 record = await self._commit(call, record)
@@ -585,7 +605,9 @@ class Serving:
         record is durable; the route sends its final event only after that.
         """
         t0 = time.perf_counter()
+        slot: Slot | None = None
         try:
+            slot = await self._slot()
             source = aiter(self._engine_stream(call))
             try:
                 first = await anext(source)
@@ -603,13 +625,20 @@ class Serving:
                 await _close(source)
                 raise
         except BaseException:
+            if slot is not None:
+                slot.release()
             self._end(call, None)
             raise
-        relay = self._relay(call, source, first, render, t0)
+        relay = self._relay(call, source, first, render, t0, slot)
         # A body the server never starts iterating (the client left first) never runs the
-        # relay's `finally`: release the call's claims when the generator is dropped instead.
-        weakref.finalize(relay, self._end, call, None)
+        # relay's `finally`: release the call's slot and claims when the generator is dropped.
+        weakref.finalize(relay, self._dropped, call, slot)
         return relay
+
+    def _dropped(self, call: Call, slot: Slot | None) -> None:
+        if slot is not None:
+            slot.release()
+        self._end(call, None)
 
     async def _relay(
         self,
@@ -618,6 +647,7 @@ class Serving:
         first: dict[str, Any] | Completion,
         render: Render,
         t0: float,
+        slot: Slot | None = None,
     ) -> AsyncIterator[dict[str, Any] | tuple[Record, Completion]]:
         record: Record | None = None
         try:
@@ -625,6 +655,8 @@ class Serving:
             while not isinstance(item, Completion):
                 yield item
                 item = await anext(source)
+            if slot is not None:  # the engine is done with it; the record is written next
+                slot.release()
             made = self._record(call, render(item.response), item, t0)
             try:
                 made = await self._commit(call, made)
@@ -640,6 +672,8 @@ class Serving:
             self._shadow(call, record, item)
             yield record, item
         finally:
+            if slot is not None:
+                slot.release()
             self._end(call, record)
             await _close(source)
 

@@ -636,8 +636,10 @@ class Liveness(BaseModel):
 class DependencyState(BaseModel):
     """One dependency's state in /readyz."""
 
-    state: Literal["ok", "unavailable", "off", "unchecked"] = Field(
-        description="off: not configured; unchecked: a kind of it that is not checked"
+    state: Literal["ok", "busy", "unavailable", "off", "unchecked"] = Field(
+        description="busy (the engine): serving, its line of waiting calls full or nearly, "
+        "calls beyond engine.max_queue answered 429; off: not configured; unchecked: a kind "
+        "of it that is not checked"
     )
     needed_to: Literal["serve", "learn"] = Field(
         description="serve: the process is not ready without it; learn: only degraded"
@@ -650,7 +652,8 @@ class Readiness(_Answer):
 
     status: Literal["ready", "degraded", "not_ready"] = Field(
         description="not_ready (503): the store or the engine is down; degraded (200): the "
-        "artifact store, MLflow or the evolve worker is"
+        "engine is busy (still serving), or the artifact store, MLflow or the evolve worker is "
+        "down"
     )
     dependencies: dict[str, DependencyState] = Field(
         default_factory=dict,

@@ -31,8 +31,9 @@ async def healthz() -> dict[str, str]:
     openapi_extra=PUBLIC,
     responses={503: {"model": Readiness, "description": "not ready: what is not"}},
     summary="Readiness: each dependency's state; 503 when the store or the engine is down "
-    "(needed to serve), 200 'degraded' when the artifact store, MLflow or the evolve worker is "
-    "(needed to learn); no side effects",
+    "(needed to serve), 200 'degraded' when the engine is busy (its line of waiting calls full "
+    "or nearly) or the artifact store, MLflow or the evolve worker is down (needed to learn); "
+    "no side effects",
 )
 async def readyz(request: Request) -> Response:
     status, body = await services(request).dependencies.report()

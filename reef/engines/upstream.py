@@ -31,6 +31,7 @@ from reef.engines.chunks import assemble
 from reef.engines.defaults import sampling_record, with_defaults
 from reef.engines.http_client import ConnectionPool, Response, proxy_for
 from reef.errors import UpstreamError, UpstreamRejected
+from reef.settings.engine import UPSTREAM_CONNECTIONS
 
 if TYPE_CHECKING:
     from reef.settings import EngineSettings
@@ -60,7 +61,7 @@ class UpstreamEngine:
         api_key: str | None = None,
         timeout_s: float = 600.0,
         capture_tokens: bool = False,
-        max_connections: int = 512,
+        max_connections: int = UPSTREAM_CONNECTIONS,
         ssl_context: ssl.SSLContext | None = None,
         default_max_tokens: int | None = None,
         serves_responses: bool = False,

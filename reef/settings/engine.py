@@ -19,6 +19,10 @@ from reef.settings.server import host_name
 
 log = logging.getLogger(__name__)
 
+# The connections Reef opens to an upstream or vLLM server (reef.engines.upstream's pool): the
+# calls it runs at once unless engine.max_running says fewer.
+UPSTREAM_CONNECTIONS = 512
+
 
 class EmbeddedSettings(Section):
     """engine.embedded: the transformers engine inside `reef serve` (reef.engines.embedded)."""
@@ -342,6 +346,26 @@ class EngineSettings(Section):
         description="the admin load routes also take any local directory, not only the "
         "artifact-store files of the named scenario's releases and candidates",
     )
+    max_running: int | None = Field(
+        None,
+        ge=1,
+        description="calls given to the engine at once; the others wait in Reef's line "
+        "(reef.admission); unset: embedded.max_batch_size for embedded (what it decodes "
+        "together), 512 for upstream and vllm (the connections Reef opens to them)",
+    )
+    max_queue: int | None = Field(
+        256,
+        ge=0,
+        description="calls that may wait for the engine beyond those it runs; a call that "
+        "finds the line full is answered 429 (engine_busy, with Retry-After) at once, nothing "
+        "recorded; 0: no call waits; null: no bound",
+    )
+    max_queue_wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="a call that waited this long in the line before the engine started it "
+        "is answered 429 (engine_busy) instead of being run; null: it waits as long as it takes",
+    )
     embedded: EmbeddedSettings = EmbeddedSettings()
     upstream: UpstreamSettings = UpstreamSettings()
     vllm: VllmSettings = VllmSettings()
@@ -354,6 +378,12 @@ class EngineSettings(Section):
             data, moved = nest_flat_keys(data)
             log_moved(moved)
         return data
+
+    def running_limit(self) -> int:
+        """How many calls the engine is given at once (max_running, or the kind's own)."""
+        if self.max_running is not None:
+            return self.max_running
+        return self.embedded.max_batch_size if self.kind == "embedded" else UPSTREAM_CONNECTIONS
 
     @field_validator("model_cache")
     @classmethod
