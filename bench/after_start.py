@@ -1,10 +1,11 @@
 """The embedded engine's speed in the first minute after `reef serve` is ready, against its
-settled speed, with the evolve worker at the server's CPU priority and below it.
+settled speed, with the evolve worker at each CPU priority (`reef.worker_priority`) and
+without it.
 
 `reef serve` starts its evolve worker beside the API when it is ready; the worker's start-up
 (~30 s of torch, TRL, MLflow and GX imports, then Prefect's temporary server) runs on the same
-cores as the engine. For each arm (`--nice`: values of `reef.worker_nice`, alternated over
-`--repeat` rounds), this script starts `reef serve` on SmolLM2 in a fresh state directory and,
+cores as the engine. For each arm (`--arms`: values of `reef.worker_priority`, or `none` for
+no worker (`reef.auto: false`), alternated over `--repeat` rounds), this script starts `reef serve` on SmolLM2 in a fresh state directory and,
 the moment /readyz answers, streams greedy requests (`--concurrency` in flight, `--max-tokens`
 each) for `--window` seconds: the first window. Then it waits until the worker has finished
 starting (its "evolve worker ready" line, and its CPU use under 5 % of a core for 5 s) and
@@ -12,7 +13,7 @@ streams for another window: the settled one. Reports completion tokens/s of both
 10 s of the first, and their ratio: 1.0 means a fresh start serves its first users at full
 speed. Tokens are the `usage` of each answer, counted when the answer ends.
 
-    .venv/bin/python bench/after_start.py --nice 0,10 --repeat 1 --window 60
+    .venv/bin/python bench/after_start.py --arms none,normal,low,idle --repeat 2 --window 60
 
 (`bench/embedded_batching.py --after-start` runs this.) The machine these numbers come from
 has two cores: run it with nothing else running; compare ratios within one run.
@@ -78,13 +79,17 @@ def worker_pid(server: int) -> int | None:
 class Served:
     """`reef serve --model smollm2` in a fresh state directory, its log in a file."""
 
-    def __init__(self, nice: int, workdir: Path):
+    def __init__(self, arm: str, workdir: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / f"serve-nice{nice}.log"
-        env = dict(os.environ, REEF_REEF__WORKER_NICE=str(nice))
+        self.log_path = workdir / f"serve-{arm}-{self.port}.log"
+        env = dict(os.environ)
+        if arm == "none":  # no worker: what the server alone does after ready
+            env["REEF_REEF__AUTO"] = "false"
+        else:
+            env["REEF_REEF__WORKER_PRIORITY"] = arm
         cmd = [sys.executable, "-m", "cli.main", "serve", "--model", "smollm2"]
-        cmd += ["--state-dir", str(workdir / f"state-nice{nice}"), "--port", str(self.port)]
+        cmd += ["--state-dir", str(workdir / f"state-{arm}-{self.port}"), "--port", str(self.port)]
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=self.log)
 
@@ -155,34 +160,33 @@ async def window(url: str, seconds: float, concurrency: int, max_tokens: int) ->
 
     await asyncio.gather(*(client(k) for k in range(concurrency)))
     wall = time.monotonic() - started
-    buckets = [0] * int(-(-wall // BUCKET_S))
-    for at, tokens in ended:
-        buckets[min(int(at // BUCKET_S), len(buckets) - 1)] += tokens
+    buckets = [0] * int(seconds // BUCKET_S)  # whole buckets of the window; answers that end
+    for at, tokens in ended:  # after it (begun inside it) count in tok_s only
+        if int(at // BUCKET_S) < len(buckets):
+            buckets[int(at // BUCKET_S)] += tokens
     return {
         "seconds": round(wall, 1),
         "answers": len(ended),
         "tokens": sum(t for _, t in ended),
         "tok_s": round(sum(t for _, t in ended) / wall, 2),
-        "tok_s_per_10s": [  # the last bucket spans only what is left of the window
-            round(b / min(BUCKET_S, wall - k * BUCKET_S), 1) for k, b in enumerate(buckets)
-        ],
+        "tok_s_per_10s": [round(b / BUCKET_S, 1) for b in buckets],
     }
 
 
-def run_arm(nice: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    served = Served(nice, workdir)
+def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    served = Served(arm, workdir)
     try:
         ready_s = served.wait_ready()
-        print(f"  nice {nice}: ready in {ready_s:.1f} s; first window", flush=True)
+        print(f"  {arm}: ready in {ready_s:.1f} s; first window", flush=True)
         first = asyncio.run(window(served.url, args.window, args.concurrency, args.max_tokens))
-        settle_s = served.wait_worker_settled()
-        print(f"  nice {nice}: worker settled {settle_s:.0f} s later; settled window", flush=True)
+        settle_s = served.wait_worker_settled() if arm != "none" else 0.0
+        print(f"  {arm}: worker settled {settle_s:.0f} s later; settled window", flush=True)
         settled = asyncio.run(window(served.url, args.window, args.concurrency, args.max_tokens))
     finally:
         served.stop()
     ratio = first["tok_s"] / settled["tok_s"] if settled["tok_s"] else float("nan")
     return {
-        "nice": nice,
+        "arm": arm,
         "ready_s": round(ready_s, 1),
         "first": first,
         "settled": settled,
@@ -196,20 +200,24 @@ def load_average() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nice", default="0,10", help="reef.worker_nice values, one arm each")
+    p.add_argument(
+        "--arms",
+        default="none,normal,low,idle",
+        help="reef.worker_priority values, one arm each; none: no worker (reef.auto off)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="rounds of the arms, alternated")
     p.add_argument("--window", type=float, default=60.0, help="seconds of each window")
     p.add_argument("--concurrency", type=int, default=1, help="streams in flight")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
     args = p.parse_args(argv)
-    arms = [int(n) for n in args.nice.split(",")]
+    arms = args.arms.split(",")
     runs = []
     with tempfile.TemporaryDirectory(prefix="reef-after-start-") as tmp:
         for round_ in range(args.repeat):
-            for nice in arms if round_ % 2 == 0 else arms[::-1]:
-                print(f"round {round_ + 1}, nice {nice} (load {load_average()})", flush=True)
-                runs.append({**run_arm(nice, args, Path(tmp)), "load_before": load_average()})
+            for arm in arms if round_ % 2 == 0 else arms[::-1]:
+                print(f"round {round_ + 1}, {arm} (load {load_average()})", flush=True)
+                runs.append({**run_arm(arm, args, Path(tmp)), "load_before": load_average()})
     result = {
         "bench": "after_start",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -220,19 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     print()
     print(
-        f"| worker_nice | ready s | first {args.window:g} s tok/s | per 10 s | settled tok/s "
+        f"| worker | ready s | first {args.window:g} s tok/s | per 10 s | settled tok/s "
         "| first / settled |"
     )
     print("|---|---|---|---|---|---|")
     for run in runs:
         per = " ".join(f"{v:g}" for v in run["first"]["tok_s_per_10s"])
         print(
-            f"| {run['nice']} | {run['ready_s']} | {run['first']['tok_s']} | {per} | "
+            f"| {run['arm']} | {run['ready_s']} | {run['first']['tok_s']} | {per} | "
             f"{run['settled']['tok_s']} | {run['first_over_settled']:.2f}x |"
         )
-    for nice in arms:
-        ratios = [r["first_over_settled"] for r in runs if r["nice"] == nice]
-        print(f"nice {nice}: median first/settled {statistics.median(ratios):.2f}x over {ratios}")
+    for arm in arms:
+        ratios = [r["first_over_settled"] for r in runs if r["arm"] == arm]
+        print(f"{arm}: median first/settled {statistics.median(ratios):.2f}x over {ratios}")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"after_start_{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     out.write_text(json.dumps(result, indent=2))

@@ -41,8 +41,8 @@ skips that):
   a teacher-forced bfloat16 forward pass.
 
 `--after-start` measures something else, through `reef serve`: tokens/s in the first minute
-after it is ready against its settled rate, with the evolve worker at the server's CPU priority
-and below it (bench/after_start.py, which takes the flags after it).
+after it is ready against its settled rate, with the evolve worker at each CPU priority
+(`reef.worker_priority`) and without it (bench/after_start.py, which takes the flags after it).
 
 `--dtype bfloat16` serves Reef's engine in the comparison itself in bfloat16 (HF generate stays
 float32; the exactness check then reports the prompts whose answers differ).

@@ -271,25 +271,36 @@ class Runs:
             thread.join()
 
 
-def yield_cores(nice: int) -> None:
-    """Lower this process's CPU priority by `nice` before any thread or child starts (each
-    inherits it): on the serving machine the worker's imports (~30 s of torch, TRL, MLflow, GX
-    on start), Prefect's temporary server and its training then run on what the serving engine
-    leaves, rather than slowing the answers of the first minutes after every start. Raising it
-    back would need privileges: the whole worker stays at this priority, which is what a
-    serving machine wants of its training too (an idle engine leaves it every core)."""
-    if nice <= 0:
+# reef.worker_priority -> the nice increment it adds (idle adds SCHED_IDLE on Linux)
+NICE = {"idle": 19, "low": 10, "normal": 0}
+
+
+def yield_cores(priority: str) -> None:
+    """Lower this process's CPU priority before any thread or child starts (each inherits
+    it), and that of the threads already running: on the serving machine the worker's
+    start-up (~30 s of torch, TRL, MLflow and GX imports), Prefect's temporary server and its
+    training then run on what the serving engine leaves, rather than slowing the answers of
+    the first minute after every start. Measured (bench/after_start.py): at nice +10 the
+    engine still lost a tenth of its speed in that minute (the worker's time slices stall its
+    threads); SCHED_IDLE tasks run only when a core has nothing else to run. Raising it back
+    would need privileges: the worker stays there, which is what a serving machine wants of
+    its training too (an idle engine leaves it every core)."""
+    nice = NICE[priority]
+    if nice == 0:
         return
     try:
         now = os.nice(nice)
     except OSError as e:  # a platform or sandbox that refuses: run at the server's priority
-        log.warning("could not lower the worker's CPU priority by %d: %s", nice, e)
+        log.warning("could not lower the worker's CPU priority (%s): %s", priority, e)
         return
-    if sys.platform == "linux":  # nice is per thread there: the threads already running too
+    idle = priority == "idle" and hasattr(os, "SCHED_IDLE")
+    if sys.platform == "linux":  # priority is per thread there: each running thread too
         for task in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError):  # a thread that ended meanwhile
                 os.setpriority(os.PRIO_PROCESS, int(task), now)
-    log.info("worker CPU priority: nice %d", now)
+                if idle:
+                    os.sched_setscheduler(int(task), os.SCHED_IDLE, os.sched_param(0))
+    log.info("worker CPU priority: %s (nice %d%s)", priority, now, ", SCHED_IDLE" if idle else "")
 
 
 def _in_flight_safe(flow_run_id: str) -> bool:
@@ -309,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings(Path(args.config) if args.config else None, **overrides)
     logs.quiet_progress_bars()
     logs.configure(settings.server.log_level, settings.server.log_format, process="worker")
-    yield_cores(settings.reef.worker_nice)
+    yield_cores(settings.reef.worker_priority)
     # Great Expectations logs ~40 INFO lines per validation about its own plugins.
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     worker = Worker(settings, args.config, overrides)

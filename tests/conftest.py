@@ -21,6 +21,12 @@ POSTGRES_ADMIN_URL = os.environ.get(
     "REEF_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/postgres"
 )
 
+# The evolve workers the tests start run at the server's priority: `reef.worker_priority: idle`
+# (the default) yields to every other process, and here the other processes are the suite's
+# own (two test processes and their servers on two cores), which would starve the worker of the
+# loop under test for minutes. tests/cli/test_worker_priority.py sets each priority itself.
+os.environ.setdefault("REEF_REEF__WORKER_PRIORITY", "normal")
+
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What collecting imported (torch, transformers, peft, the app) lives as long as the test

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -64,14 +64,13 @@ class LoopSettings(Section):
         description="torch threads for training and evaluation (None: torch's default); "
         "1 leaves the other cores to the serving engine",
     )
-    worker_nice: int = Field(
-        10,
-        ge=0,
-        le=19,
-        description="CPU priority (Linux nice, added to the server's) of the evolve worker "
-        "`reef serve` starts, and of what it starts (Prefect's temporary server, training): "
-        "its start-up imports and its training take the cores only when the serving engine "
-        "leaves them; 0 runs it at the server's priority",
+    worker_priority: Literal["idle", "low", "normal"] = Field(
+        "idle",
+        description="CPU priority of the evolve worker `reef serve` starts and of what it "
+        "starts (Prefect's temporary server, training), below the server's: idle (Linux "
+        "SCHED_IDLE: it runs only on cycles nothing else wants, so its start-up imports and "
+        "its training never slow the engine's answers, but a machine busy with other work "
+        "starves it too), low (nice +10: a tenth of a contended core), normal (the server's)",
     )
     seed: int = Field(0, description="random seed of training and evaluation")
     train: TrainSettings = TrainSettings()

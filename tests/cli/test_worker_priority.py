@@ -1,6 +1,7 @@
-"""The evolve worker `reef serve` starts runs below the server's CPU priority (reef.worker_nice),
-every thread of it, so that its start-up imports and its training take the cores only when the
-serving engine leaves them; 0 keeps the server's priority."""
+"""The evolve worker `reef serve` starts runs below the server's CPU priority
+(reef.worker_priority), every thread of it, so that its start-up imports and its training take
+the cores only when the serving engine leaves them: idle is SCHED_IDLE (and nice 19), low is
+nice +10, normal keeps the server's."""
 
 from __future__ import annotations
 
@@ -13,23 +14,24 @@ import pytest
 from api.evolver import Evolver
 
 
-def _nice(pid: int) -> dict[int, int]:
-    """Each thread of `pid` -> its nice value (/proc/PID/task/TID/stat, field 19)."""
+def _threads(pid: int) -> dict[int, tuple[int, int]]:
+    """Each thread of `pid` -> (its nice value, its scheduling policy)."""
     out = {}
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+            policy = os.sched_getscheduler(int(task))
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(task)] = int(stat.rsplit(")", 1)[1].split()[16])
+        out[int(task)] = (int(stat.rsplit(")", 1)[1].split()[16]), policy)  # field 19: nice
     return out
 
 
-def _worker_threads(tmp_path: Path, worker_nice: int) -> dict[int, int]:
-    """Start the worker as `reef serve` does; once it has its preload thread running, the nice
-    value of each of its threads."""
+def _worker_threads(tmp_path: Path, priority: str) -> dict[int, tuple[int, int]]:
+    """Start the worker as `reef serve` does; once its preload thread runs, each thread's
+    nice value and policy."""
     overrides = {
-        "reef": {"worker_nice": worker_nice},
+        "reef": {"worker_priority": priority},
         "store": {"database_url": f"sqlite:///{tmp_path / 'reef.db'}"},
     }
     evolver = Evolver(None, overrides, state_dir=tmp_path)
@@ -39,7 +41,7 @@ def _worker_threads(tmp_path: Path, worker_nice: int) -> dict[int, int]:
     try:
         deadline = time.monotonic() + 60
         while True:  # the preload thread starts once the worker has configured itself
-            threads = _nice(proc.pid)
+            threads = _threads(proc.pid)
             if len(threads) > 1 or time.monotonic() > deadline:
                 return threads
             assert proc.poll() is None, "the worker exited"
@@ -49,9 +51,18 @@ def _worker_threads(tmp_path: Path, worker_nice: int) -> dict[int, int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
-@pytest.mark.parametrize("worker_nice", [7, 0])
-def test_every_thread_of_the_worker_runs_at_its_priority(tmp_path: Path, worker_nice: int) -> None:
+@pytest.mark.parametrize(
+    ("priority", "nice", "policy"),
+    [
+        ("idle", 19, getattr(os, "SCHED_IDLE", 5)),
+        ("low", 10, os.SCHED_OTHER),
+        ("normal", 0, os.SCHED_OTHER),
+    ],
+)
+def test_every_thread_of_the_worker_runs_at_its_priority(
+    tmp_path: Path, priority: str, nice: int, policy: int
+) -> None:
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    threads = _worker_threads(tmp_path, worker_nice)
+    threads = _worker_threads(tmp_path, priority)
     assert len(threads) > 1, threads
-    assert set(threads.values()) == {min(ours + worker_nice, 19)}, threads
+    assert set(threads.values()) == {(min(ours + nice, 19), policy)}, threads
