@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from reef.testing.process import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,12 +51,6 @@ PROMPTS = [
     "What does a compiler do?",
 ]
 BUCKET_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

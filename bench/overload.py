@@ -37,19 +37,19 @@ import os
 import platform
 import re
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from reef.testing.process import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO = ROOT / "bench" / "echo_upstream.py"
@@ -98,27 +98,6 @@ def _pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[i]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[Any]) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
-
-
 def start_echo(capacity: int, service_s: float) -> tuple[subprocess.Popen[str], int]:
     cmd = [sys.executable, str(ECHO), "--port", "0", "--capacity", str(capacity)]
     proc = subprocess.Popen(
@@ -145,9 +124,11 @@ def start_reef(
     log = (state_dir / "reef.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    if not wait_http(f"{url}/readyz", 120.0, proc):
+    try:
+        wait_ready(f"{url}/readyz", 120.0, lambda: None if proc.poll() is None else "exited")
+    except (RuntimeError, TimeoutError) as e:
         proc.kill()
-        raise SystemExit(f"reef serve did not start; see {state_dir / 'reef.log'}")
+        raise SystemExit(f"reef serve did not start ({e}); see {state_dir / 'reef.log'}") from e
     return proc, url
 
 
