@@ -69,12 +69,6 @@ TEST_WORKERS ?= auto
 test: venv bwrap
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
-# Process-level checks: each test starts whole-stack Python processes (reef serve, the worker)
-# and checks what only a fresh process shows (start failures, log lines, which modules load,
-# SIGKILL under load, the worker's CPU priority): ~1 min on 2 cores; CI runs it after `test`.
-test-process: venv
-	$(BIN)/pytest -m process -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-
 # End-to-end learning loops on the tiny model: the evolve flow or worker trains and deploys.
 # A file per worker, as in `test`: much of a loop test is waiting on servers and subprocesses
 # (2 cores: 12 min 28 s against 16 min 25 s one after another).

@@ -22,7 +22,6 @@ from reef.store.sql import open_store
 from reef.testing.process import REEF, free_port
 
 
-@pytest.mark.process  # a fresh whole-stack process (make test-process)
 def test_json_lines_from_every_logger_with_the_calls_context(tmp_path: Path) -> None:
     port = free_port()
     cmd = [REEF, "serve", "--state-dir", str(tmp_path), "--port", str(port), "--model", "tiny"]

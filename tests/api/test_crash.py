@@ -71,7 +71,6 @@ def _load(
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
-@pytest.mark.process  # a fresh whole-stack process (make test-process)
 def test_sigkill_under_load_loses_no_acknowledged_record(
     backend: str, doomed: Doomed, request: pytest.FixtureRequest
 ) -> None:

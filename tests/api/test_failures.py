@@ -150,7 +150,6 @@ def _stderr(tmp: Path) -> str:
     return (tmp / "stderr.log").read_text()
 
 
-@pytest.mark.process  # a fresh whole-stack process (make test-process)
 def test_failed_starts_are_one_line_and_non_zero(tmp_path: Path) -> None:
     closed = free_port()
     busy = socket.create_server(("127.0.0.1", 0))
@@ -187,7 +186,6 @@ def test_failed_starts_are_one_line_and_non_zero(tmp_path: Path) -> None:
         busy.close()
 
 
-@pytest.mark.process  # a fresh whole-stack process (make test-process)
 def test_serving_on_is_said_once_ready(tmp_path: Path) -> None:
     with EchoUpstream() as echo:
         proc = _serve(tmp_path, "--engine", "upstream", "--upstream-url", echo.base_url)

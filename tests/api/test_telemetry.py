@@ -235,7 +235,6 @@ def test_a_full_queue_drops_and_counts_and_refusals_count_as_failed(receiver: Re
         telemetry.stop()
 
 
-@pytest.mark.process  # a fresh whole-stack process (make test-process)
 def test_off_means_the_sdk_is_never_imported(tmp_path: Path) -> None:
     """A server without an endpoint answers a call, and neither the OpenTelemetry SDK, its
     exporter nor reef.otlp was imported (checked in a fresh process)."""

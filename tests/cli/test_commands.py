@@ -193,7 +193,6 @@ def test_report(server: InProcessReef, capsys: pytest.CaptureFixture[str]) -> No
     assert "needs a score, feedback, or both" in capsys.readouterr().err
 
 
-@pytest.mark.process  # a fresh whole-stack process (make test-process)
 def test_an_unreachable_server_is_one_line_and_no_traceback() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -65,7 +65,6 @@ def _worker_threads(
         ("normal", 0, os.SCHED_OTHER),
     ],
 )
-@pytest.mark.process  # a fresh whole-stack process (make test-process)
 def test_every_thread_of_the_worker_runs_at_its_priority(
     tmp_path: Path, priority: str, nice: int, policy: int
 ) -> None:
