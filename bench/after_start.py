@@ -26,9 +26,7 @@ import asyncio
 import json
 import os
 import platform
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,10 +36,9 @@ from typing import Any
 
 import httpx
 
-from reef.testing.process import free_port
+from reef.testing.process import ReefProcess, cpu_model, cpu_seconds
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -51,12 +48,6 @@ PROMPTS = [
     "What does a compiler do?",
 ]
 BUCKET_S = 10.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def worker_pid(server: int) -> int | None:
@@ -71,58 +62,29 @@ def worker_pid(server: int) -> int | None:
     return None
 
 
-class Served:
-    """`reef serve --model smollm2` in a fresh state directory, its log in a file."""
+def serve(arm: str, workdir: Path) -> ReefProcess:
+    """`reef serve --model smollm2` in a fresh state directory, with the arm's worker."""
+    env: dict[str, str | None] = (
+        {"REEF_REEF__AUTO": "false"} if arm == "none" else {"REEF_REEF__WORKER_PRIORITY": arm}
+    )
+    state = Path(tempfile.mkdtemp(prefix=f"{arm}-", dir=workdir))
+    return ReefProcess(state, "--model", "smollm2", env=env)
 
-    def __init__(self, arm: str, workdir: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / f"serve-{arm}-{self.port}.log"
-        env = dict(os.environ)
-        if arm == "none":  # no worker: what the server alone does after ready
-            env["REEF_REEF__AUTO"] = "false"
-        else:
-            env["REEF_REEF__WORKER_PRIORITY"] = arm
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--model", "smollm2"]
-        cmd += ["--state-dir", str(workdir / f"state-{arm}-{self.port}"), "--port", str(self.port)]
-        self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=self.log)
 
-    def wait_ready(self, timeout_s: float = 300.0) -> float:
-        """Seconds from the start until /readyz answers 200."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"reef serve exited; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return time.monotonic() - started
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise SystemExit(f"reef serve not ready in {timeout_s:.0f} s; see {self.log_path}")
-
-    def wait_worker_settled(self, timeout_s: float = 300.0) -> float:
-        """Seconds until the worker said it is ready and then used < 5 % of a core for 5 s."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
-            pid = worker_pid(self.proc.pid)
-            if pid and "evolve worker ready" in self.log_path.read_text():
-                before = cpu_seconds(pid)
-                time.sleep(5)
-                if cpu_seconds(pid) - before < 0.25:
-                    return time.monotonic() - started
-            else:
-                time.sleep(1)
-        raise SystemExit(f"the worker did not settle in {timeout_s:.0f} s; see {self.log_path}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def wait_worker_settled(server: ReefProcess, timeout_s: float = 300.0) -> float:
+    """Seconds until the worker said it is ready and then used < 5 % of a core for 5 s."""
+    started = time.monotonic()
+    server.wait_for_log("evolve worker ready", timeout_s)
+    assert server.proc is not None
+    while time.monotonic() - started < timeout_s:
+        pid = worker_pid(server.proc.pid)
+        if pid is None:
+            raise SystemExit(f"the worker is gone; see {server.log_path}")
+        before = cpu_seconds(pid)
+        time.sleep(5)
+        if cpu_seconds(pid) - before < 0.25:
+            return time.monotonic() - started
+    raise SystemExit(f"the worker did not settle in {timeout_s:.0f} s; see {server.log_path}")
 
 
 async def window(url: str, seconds: float, concurrency: int, max_tokens: int) -> dict[str, Any]:
@@ -169,16 +131,18 @@ async def window(url: str, seconds: float, concurrency: int, max_tokens: int) ->
 
 
 def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    served = Served(arm, workdir)
+    server = serve(arm, workdir)
+    started = time.monotonic()
+    server.start(timeout_s=300)
+    ready_s = time.monotonic() - started
     try:
-        ready_s = served.wait_ready()
         print(f"  {arm}: ready in {ready_s:.1f} s; first window", flush=True)
-        first = asyncio.run(window(served.url, args.window, args.concurrency, args.max_tokens))
-        settle_s = served.wait_worker_settled() if arm != "none" else 0.0
+        first = asyncio.run(window(server.url, args.window, args.concurrency, args.max_tokens))
+        settle_s = wait_worker_settled(server) if arm != "none" else 0.0
         print(f"  {arm}: worker settled {settle_s:.0f} s later; settled window", flush=True)
-        settled = asyncio.run(window(served.url, args.window, args.concurrency, args.max_tokens))
+        settled = asyncio.run(window(server.url, args.window, args.concurrency, args.max_tokens))
     finally:
-        served.stop()
+        server.stop(timeout_s=60)
     ratio = first["tok_s"] / settled["tok_s"] if settled["tok_s"] else float("nan")
     return {
         "arm": arm,
@@ -217,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "after_start",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "runs": runs,
     }
@@ -241,12 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
     return 0
-
-
-def _cpu_model() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    found = re.search(r"model name\s*:\s*(.+)", text)
-    return found.group(1).strip() if found else platform.processor()
 
 
 if __name__ == "__main__":

@@ -44,9 +44,12 @@ import asyncio
 import re
 import signal
 import ssl
+import subprocess
+import sys
 import time
 import zlib
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 import httptools
@@ -510,6 +513,19 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(coro)
     else:
         uvloop.run(coro)
+
+
+def launch(*args: str) -> tuple[subprocess.Popen[str], int]:
+    """This server in a subprocess on a free loopback port (`args`: more of its flags, e.g.
+    "--capacity", "2"): the process and its port, once it listens."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--port", "0", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"echo upstream did not start: {line!r}")
+    return proc, int(line.rsplit(":", 1)[1])
 
 
 if __name__ == "__main__":

@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from echo_upstream import launch as launch_echo
 
-from reef.testing.process import free_port, wait_ready
+from reef.testing.process import cpu_model, free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-ECHO = ROOT / "bench" / "echo_upstream.py"
 BODY = {
     "model": "echo",
     "messages": [{"role": "user", "content": "a short question for a busy server"}],
@@ -96,19 +96,6 @@ class Level:
 def _pct(sorted_values: list[float], q: float) -> float:
     i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[i]
-
-
-def start_echo(capacity: int, service_s: float) -> tuple[subprocess.Popen[str], int]:
-    cmd = [sys.executable, str(ECHO), "--port", "0", "--capacity", str(capacity)]
-    proc = subprocess.Popen(
-        [*cmd, "--service-s", str(service_s)], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"echo upstream did not start: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
 
 
 def start_reef(
@@ -265,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     levels = [int(n) for n in args.levels.split(",")]
     started = time.monotonic()
-    echo, echo_port = start_echo(args.capacity, args.service_s)
+    echo, echo_port = launch_echo(
+        "--capacity", str(args.capacity), "--service-s", str(args.service_s)
+    )
     procs: list[subprocess.Popen[Any]] = [echo]
     tmp = Path(tempfile.mkdtemp(prefix="reef-overload-"))
     results: list[dict[str, Any]] = []
@@ -338,7 +327,7 @@ def _report(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
-            "processor": _cpu_name(),
+            "processor": cpu_model(),
             "python": platform.python_version(),
         },
         "settings": settings,
@@ -350,16 +339,6 @@ def _report(
         "lost": lost,
         "wall_s": round(wall_s, 1),
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def plot(results: list[dict[str, Any]], levels: list[int], args: argparse.Namespace) -> None:

@@ -58,9 +58,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from echo_upstream import launch as launch_echo
+
+from reef.testing.process import cpu_seconds
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-ECHO = HERE / "echo_upstream.py"
 LUA = HERE / "chat.lua"
 RESULTS = HERE / "results"
 REEF = Path(sys.executable).with_name("reef")
@@ -85,18 +88,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_echo() -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, str(ECHO), "--port", "0"], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"echo upstream did not start: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
-
-
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[Any] | None = None) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -110,12 +101,6 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[Any] | None = N
             pass
         time.sleep(0.2)
     return False
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measured(
@@ -297,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.database_url and args.database_url.startswith("postgresql"):
         ensure_postgres_database(args.database_url)
-    echo, echo_port = start_echo()
+    echo, echo_port = launch_echo()
     procs: list[subprocess.Popen[Any]] = [echo]
     state_dir = Path(tempfile.mkdtemp(prefix="reef-bench-"))
     try:

@@ -6,6 +6,7 @@ can be followed."""
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -23,6 +24,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for benchmark results; else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def wait_ready(url: str, timeout_s: float, gone: Callable[[], str | None]) -> None:
