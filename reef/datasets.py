@@ -23,8 +23,10 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from reef import gcpause
 from reef.artifacts import ArtifactStore
 from reef.errors import BadRequest, NotFound
 from reef.experience import Experience, dumps
@@ -246,15 +248,39 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def _floats(array: pa.Array) -> list[pa.Array]:
+    """Every float array inside `array` (through lists and structs), flattened."""
+    t = array.type
+    if pa.types.is_floating(t):
+        return [array]
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _floats(array.flatten())
+    if pa.types.is_struct(t):
+        return [f for i in range(t.num_fields) for f in _floats(array.field(i))]
+    return []
+
+
+def _all_finite(batch: pa.RecordBatch) -> bool:
+    """Whether no float anywhere in the batch is NaN or infinite (nulls are fine)."""
+    for column in batch.columns:
+        for floats in _floats(column):
+            if pc.all(pc.is_finite(floats), skip_nulls=True).as_py() is False:  # None: no values
+                return False
+    return True
+
+
 def table_hash(table: pa.Table, kind: str) -> str:
     """sha256 over the canonical content: kind, column names, then each row as sorted-key
     JSON in table order. Independent of parquet encoding, compression or writer version."""
     h = hashlib.sha256()
     h.update(orjson.dumps({"kind": kind, "columns": table.schema.names}))
     for batch in table.to_batches(max_chunksize=4096):
+        # Spelling NaN/inf apart walks every value in Python; a batch with none (checked in
+        # Arrow) hashes its rows as they are, to the same digest.
+        canonical = (lambda r: r) if _all_finite(batch) else _canonical
         for r in batch.to_pylist():
             h.update(b"\n")
-            h.update(orjson.dumps(_canonical(r), option=orjson.OPT_SORT_KEYS))
+            h.update(orjson.dumps(canonical(r), option=orjson.OPT_SORT_KEYS))
     return h.hexdigest()
 
 
@@ -282,8 +308,9 @@ def materialize(experience: Experience, kind: str, artifacts: ArtifactStore) -> 
     kind = check_kind(kind)
     if kind != experience.kind:
         raise BadRequest(f"experience is of kind '{experience.kind}', not '{kind}'")
-    table = to_table(experience)
-    digest = table_hash(table, kind)
+    with gcpause.paused():
+        table = to_table(experience)
+        digest = table_hash(table, kind)
     key = dataset_key(experience.scenario, kind, digest)
     written = False
     if not artifacts.exists(key):

@@ -1,8 +1,8 @@
 """Experience: a scenario's records joined with their reports, checked, as samples for a recipe.
 
 Reads only what reports point at: the reports first (they are few and small), indexed by the
-records they quote; then those records, by id in batches. Records no report quotes are never
-read: the store counts them in one aggregate query. So time and memory grow with the reported
+records they quote; then those records, in one query the database joins on the receipts
+(report_references). Records no report quotes are never read: the store counts them in one aggregate query. So time and memory grow with the reported
 records of a scenario, never with its whole traffic (readiness runs on every status call and
 /metrics refresh; bench/status_latency.py measures it at 100k records).
 
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import orjson
 
-from reef import responses
+from reef import gcpause, responses
 from reef.anthropic import assistant_message, to_openai
 from reef.errors import BadRequest
 from reef.records import Consumption, Record, Report, content_hash, utcnow
@@ -203,7 +203,9 @@ def _turn(record: Record) -> Turn:
     )
 
 
-def _order(records: Sequence[Record]) -> list[Record]:
+def _order(records: list[Record]) -> list[Record]:
+    if len(records) == 1:
+        return records
     return sorted(records, key=lambda r: (r.turn if r.turn is not None else -1, r.id))
 
 
@@ -268,6 +270,8 @@ def pick(reports: Sequence[Report], rule: Rule = "latest") -> tuple[Report, floa
     A person's word wins over the judge's: when a report that is not a judgment (reef.judge)
     gives a score, the judgments are left out; a scoreless human report (text the judge
     turned into a score) is superseded by its judgment."""
+    if len(reports) == 1:  # the common case; every rule gives the one report's score
+        return reports[0], reports[0].score
     human = [r for r in reports if r.metadata.get("source") != "judge"]
     if any(r.score is not None for r in human):
         reports = human
@@ -311,7 +315,8 @@ def _by_receipts(by_record: Mapping[str, list[Report]]) -> dict[tuple[str, ...],
     groups: dict[tuple[str, ...], list[Report]] = {}
     for reps in by_record.values():
         for rep in reps:
-            key = tuple(sorted(set(rep.references)))
+            refs = rep.references
+            key = refs if len(refs) == 1 else tuple(sorted(set(refs)))
             lst = groups.setdefault(key, [])
             if all(r.id != rep.id for r in lst):
                 lst.append(rep)
@@ -330,13 +335,25 @@ def collect(
 ) -> Experience:
     """The scenario's experience for `kind`, as `recipe` (whose consumption receipts count)
     would see it now. Reads only; `max_staleness=None` keeps samples of any age."""
-    kind = check_kind(kind)
+    with gcpause.paused():
+        return _collect(store, scenario, check_kind(kind), recipe, max_staleness, rule, page_size)
+
+
+def _collect(
+    store: Store,
+    scenario: str,
+    kind: Kind,
+    recipe: str,
+    max_staleness: int | None,
+    rule: Rule,
+    page_size: int,
+) -> Experience:
     seq_of, head_seq = _release_seqs(store, scenario)
     consumed = store.consumed_record_ids(scenario, recipe)
 
     by_record = reports_by_record(store, scenario, page_size)
     groups = _by_receipts(by_record)
-    wanted = {rec.id: rec for rec in store.get_records(scenario, by_record)}
+    wanted = {rec.id: rec for rec in store.quoted_records(scenario)}
     del by_record
     awaiting = store.count_awaiting_feedback(scenario, recipe)
 
@@ -393,6 +410,8 @@ def collect(
 
 
 def _report_ids(reps: Sequence[Report]) -> tuple[str, ...]:
+    if len(reps) == 1:
+        return (reps[0].id,)
     return tuple(r.id for r in sorted(reps, key=lambda r: (r.created_at, r.id)))
 
 

@@ -13,7 +13,7 @@ from reef.records import Record
 from reef.store import tables
 from reef.store.connect import describe_error
 from reef.store.database import IN_CHUNK, Database
-from reef.store.rows import RecordInsert, record_of, record_row
+from reef.store.rows import RECORD_COLUMNS, RecordInsert, record_of, record_row, records_of
 
 
 class RecordStore(Protocol):
@@ -41,6 +41,12 @@ class RecordStore(Protocol):
     def get_records(self, scenario: str, ids: Iterable[str]) -> list[Record]:
         """The records of `scenario` among `ids`, in id order; ids that are not records of the
         scenario are left out. Looked up by id (in batches), never by scanning the scenario."""
+        ...
+
+    def quoted_records(self, scenario: str) -> list[Record]:
+        """Every record of `scenario` that some report of it quotes, in id order: one query,
+        the join done by the database (the report_references key), records no report quotes
+        never read. What experience is collected from."""
         ...
 
     def delete_records(
@@ -180,10 +186,21 @@ class SQLRecords(Database, RecordStore):
         with self._tx(f"reading records of scenario '{scenario}'") as conn:
             for i in range(0, len(wanted), IN_CHUNK):
                 chunk = wanted[i : i + IN_CHUNK]
-                query = select(t).where(t.c.scenario == scenario, t.c.id.in_(chunk))
-                out += [record_of(r) for r in conn.execute(query)]
+                query = select(*RECORD_COLUMNS).where(t.c.scenario == scenario, t.c.id.in_(chunk))
+                out += records_of(conn.execute(query).all())
         out.sort(key=lambda r: r.id)
         return out
+
+    def quoted_records(self, scenario: str) -> list[Record]:
+        t, x = tables.records, tables.report_references
+        quoted = select(x.c.record_id).where(x.c.scenario == scenario)
+        query = (
+            select(*RECORD_COLUMNS)
+            .where(t.c.scenario == scenario, t.c.id.in_(quoted))
+            .order_by(t.c.id)
+        )
+        with self._tx(f"reading the reported records of scenario '{scenario}'") as conn:
+            return records_of(conn.execute(query).all())
 
     def delete_records(
         self, scenario: str, ids: Sequence[str], known_reports: Mapping[str, Iterable[str]]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -102,6 +102,22 @@ def record_of(row: Row[Any]) -> Record:
     values = {name: m[name] for name in RECORD_FIELDS}
     values["stream"] = bool(values["stream"])  # SQLite hands back 0/1
     return Record(**values)
+
+
+# The records table's columns in the Record's field order: a query that selects these builds
+# its Records positionally (records_of), 2-3x faster than by name on bulk reads.
+RECORD_COLUMNS = tuple(tables.records.c[name] for name in RECORD_FIELDS)
+_STREAM = RECORD_FIELDS.index("stream")
+
+
+def records_of(rows: Iterable[Row[Any]]) -> list[Record]:
+    """Records from rows of a `select(*RECORD_COLUMNS)` query."""
+    out = []
+    for row in rows:
+        values = list(row)
+        values[_STREAM] = bool(values[_STREAM])  # SQLite hands back 0/1
+        out.append(Record(*values))
+    return out
 
 
 def report_row(r: Report) -> dict[str, Any]:

@@ -90,3 +90,71 @@ def test_local_writes_leave_no_temporary_files(tmp_path: Path) -> None:
     store.put_bytes("x/y.parquet", b"2")
     assert [p.name for p in (tmp_path / "x").iterdir()] == ["y.parquet"]
     assert pa.py_buffer(store.get_bytes("x/y.parquet")).to_pybytes() == b"2"
+
+
+@pytest.mark.parametrize("kind", ["scored", "rollout", "trajectory"])
+def test_the_hash_spells_nan_and_inf_apart_from_null(kind: str) -> None:
+    """A table with no NaN/inf hashes its rows as they are (checked in Arrow, no Python walk);
+    one with them spells each apart, so NaN, inf and null give three different ids, and the
+    all-finite table's id is the one the value-by-value spelling gives."""
+    schema = SCHEMAS[kind]
+    floats = [f.name for f in schema if pa.types.is_floating(f.type)]
+    assert floats, kind
+
+    def table(value: float | None) -> pa.Table:
+        row = {f.name: _filler(f.type) for f in schema}
+        row[floats[0]] = value
+        return pa.Table.from_pylist(
+            [row],
+            schema=schema.set(
+                schema.get_field_index(floats[0]), pa.field(floats[0], pa.float64(), nullable=True)
+            ),
+        )
+
+    digests = {v: table_hash(table(v), kind) for v in (1.5, float("nan"), float("inf"), None)}
+    assert len(set(digests.values())) == 4
+
+    import reef.datasets as ds
+
+    finite = table(1.5)
+    slow = ds.hashlib.sha256()
+    slow.update(ds.orjson.dumps({"kind": kind, "columns": finite.schema.names}))
+    for r in finite.to_pylist():
+        slow.update(b"\n")
+        slow.update(ds.orjson.dumps(ds._canonical(r), option=ds.orjson.OPT_SORT_KEYS))
+    assert digests[1.5] == slow.hexdigest()
+
+
+def _filler(t: pa.DataType) -> object:
+    if pa.types.is_string(t):
+        return "x"
+    if pa.types.is_integer(t):
+        return 1
+    if pa.types.is_floating(t):
+        return 0.25
+    if pa.types.is_list(t):
+        return [_filler(t.value_type)]
+    if pa.types.is_struct(t):
+        return {t.field(i).name: _filler(t.field(i).type) for i in range(t.num_fields)}
+    raise AssertionError(t)
+
+
+def test_nested_nan_is_found() -> None:
+    """NaN inside a list (log-probs) or a struct in a list (a trajectory's turns) is not
+    hashed as null either."""
+    for kind, set_nan in (
+        ("rollout", lambda r: r.update(logprobs=[0.0, float("nan")])),
+        ("trajectory", lambda r: r["turns"][0].update(logprobs=[float("nan")])),
+    ):
+        schema = SCHEMAS[kind]
+        base = {f.name: _filler(f.type) for f in schema}
+        nan = {**base, "turns": [dict(t) for t in base.get("turns", [])]}
+        set_nan(nan)
+        null = {**base, "turns": [dict(t) for t in base.get("turns", [])]}
+        set_nan(null)
+        if kind == "rollout":
+            null["logprobs"] = [0.0, None]
+        else:
+            null["turns"][0]["logprobs"] = [None]
+        hashes = {table_hash(pa.Table.from_pylist([r], schema=schema), kind) for r in (nan, null)}
+        assert len(hashes) == 2, kind

@@ -249,6 +249,23 @@ def test_get_records_reads_by_id_in_batches_scoped_to_the_scenario(
     assert record_store.get_records("b", [mine[1].id]) == []
 
 
+def test_quoted_records_are_the_reported_ones_of_the_scenario_once_each(
+    record_store: RecordStore, store: SQLStore, make_record: MakeRecord
+) -> None:
+    base = store.ensure_scenario("q").head_release_id
+    other = store.ensure_scenario("q2").head_release_id
+    mine = [make_record("q", base) for _ in range(7)]
+    theirs = make_record("q2", other)
+    record_store.add_records([*mine, theirs])
+    assert record_store.quoted_records("q") == []
+    store.add_report(new_report("q", (mine[5].id,)))
+    store.add_report(new_report("q", (mine[1].id, mine[5].id)))  # a second report on one record
+    store.add_report(new_report("q2", (theirs.id,)))
+    got = record_store.quoted_records("q")
+    assert got == sorted([mine[1], mine[5]], key=lambda r: r.id)  # whole records, in id order
+    assert record_store.quoted_records("q2") == [theirs]
+
+
 def test_session_records_is_the_parent_chain_ending_at_the_tail(
     record_store: RecordStore, store: SQLStore, make_record: MakeRecord
 ) -> None:
