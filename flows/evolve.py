@@ -214,6 +214,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
         max_staleness=loop.max_staleness,
         artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
         rule=recipe.report_rule,
+        tags=loop.select.tags,
     )
     if snapshot.rows < loop.batch_size and not (force and snapshot.rows):
         get_run_logger().info(
@@ -252,6 +253,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
             max_n=settings.gate.pool_max,
             max_age_s=settings.gate.pool_max_age_s,
             rule=recipe.report_rule,
+            tags=loop.select.tags,
         )
         if share
         else []

@@ -32,13 +32,21 @@ def materialize_snapshot(
     max_staleness: int | None = None,
     artifacts_endpoint_url: str | None = None,
     rule: Rule = "latest",
+    tags: dict[str, str] | None = None,
 ) -> tuple[Snapshot, Experience]:
     """collect -> materialize; returns the snapshot and the experience it came from. `rule`
-    picks the report that counts among several on the same receipts (the recipe's)."""
+    picks the report that counts among several on the same receipts (the recipe's); `tags`
+    is the slice the recipe learns from (`reef.select.tags`)."""
     store = open_store(database_url)
     try:
         experience = collect(
-            store, scenario, kind, recipe=recipe, max_staleness=max_staleness, rule=rule
+            store,
+            scenario,
+            kind,
+            recipe=recipe,
+            max_staleness=max_staleness,
+            rule=rule,
+            tags=tags,
         )
     finally:
         store.close()
@@ -91,14 +99,18 @@ def evaluation_samples(
     max_n: int,
     max_age_s: float,
     rule: Rule = "latest",
+    tags: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The scenario's evaluation pool as dataset rows (reef.evaluation_pool): its evaluation
-    samples of any staleness, the newest `max_n` no older than `max_age_s`."""
+    samples of any staleness (of the slice `tags`), the newest `max_n` no older than
+    `max_age_s`."""
     from reef.evaluation_pool import pool
 
     store = open_store(database_url)
     try:
-        experience = collect(store, scenario, kind, recipe=recipe, max_staleness=None, rule=rule)
+        experience = collect(
+            store, scenario, kind, recipe=recipe, max_staleness=None, rule=rule, tags=tags
+        )
     finally:
         store.close()
     return pool(experience, share, max_n=max_n, max_age_s=max_age_s)

@@ -15,6 +15,8 @@ Each candidate sample is then checked, and a failing one is dropped alone with o
 reason (the first that applies, in this order):
 
 - "missing_record":  a quoted record is not in the scenario any more;
+- "not_selected":    with `tags` (the loop's `reef.select`), a record lacks one of them: the
+                     sample belongs to another agent, role or user of the scenario;
 - "consumed":        a record was already trained on by this recipe (consumption receipts);
 - "no_score":        the counting report carries feedback but no score;
 - "unknown_release": a record names a release that is neither on the scenario's chain nor a
@@ -332,11 +334,15 @@ def collect(
     max_staleness: int | None = None,
     rule: Rule = "latest",
     page_size: int = PAGE_SIZE,
+    tags: Mapping[str, str] | None = None,
 ) -> Experience:
     """The scenario's experience for `kind`, as `recipe` (whose consumption receipts count)
-    would see it now. Reads only; `max_staleness=None` keeps samples of any age."""
+    would see it now. Reads only; `max_staleness=None` keeps samples of any age; `tags` keeps
+    only samples whose every record carries these tags with these values (a slice)."""
     with gcpause.paused():
-        return _collect(store, scenario, check_kind(kind), recipe, max_staleness, rule, page_size)
+        return _collect(
+            store, scenario, check_kind(kind), recipe, max_staleness, rule, page_size, tags or {}
+        )
 
 
 def _collect(
@@ -347,6 +353,7 @@ def _collect(
     max_staleness: int | None,
     rule: Rule,
     page_size: int,
+    tags: Mapping[str, str],
 ) -> Experience:
     seq_of, head_seq = _release_seqs(store, scenario)
     consumed = store.consumed_record_ids(scenario, recipe)
@@ -355,7 +362,8 @@ def _collect(
     groups = _by_receipts(by_record)
     wanted = {rec.id: rec for rec in store.quoted_records(scenario)}
     del by_record
-    awaiting = store.count_awaiting_feedback(scenario, recipe)
+    awaiting = store.count_awaiting_feedback(scenario, recipe, tags)
+    selected = tags.items()
 
     dropped: Counter[str] = Counter()
     candidates: list[tuple[list[Record], Report, float, list[Report], int]] = []
@@ -363,6 +371,9 @@ def _collect(
         records = [wanted[rid] for rid in key if rid in wanted]
         if len(records) != len(key):
             dropped["missing_record"] += 1
+            continue
+        if selected and any(not selected <= r.tags.items() for r in records):
+            dropped["not_selected"] += 1
             continue
         records = _order(records)
         if any(r.id in consumed for r in records):

@@ -62,6 +62,7 @@ def readiness(
         kind,
         recipe=loop_settings.recipe,
         max_staleness=loop_settings.max_staleness,
+        tags=loop_settings.select.tags,
     )
     dropped = Counter(exp.dropped)
     trainable = [s for s in exp.samples if not held_out(s, holdout)]

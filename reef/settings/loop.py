@@ -27,6 +27,18 @@ class TrainSettings(Section):
     )
 
 
+class SelectSettings(Section):
+    """reef.select: the slice of a scenario's traffic the recipe learns from (one agent or role
+    of a multi-agent app, one user): records outside it are never samples."""
+
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="tags every record of a sample must carry with these values (set per call "
+        "with `x-reef-tag-<name>: <value>` headers), e.g. {role: planner}; samples with a "
+        "record outside are dropped as not_selected; empty: every record",
+    )
+
+
 class LoopSettings(Section):
     """reef: the learning loop's keys: the recipe, when an evolve run starts, where its
     releases are deployed, and how training runs."""
@@ -74,6 +86,7 @@ class LoopSettings(Section):
     )
     seed: int = Field(0, description="random seed of training and evaluation")
     train: TrainSettings = TrainSettings()
+    select: SelectSettings = SelectSettings()
 
     @field_validator("recipe")
     @classmethod

@@ -3,7 +3,7 @@ the recipes' consumption receipts, and the sums readiness and rollouts take over
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -57,9 +57,12 @@ class ReportStore(Protocol):
     def consumed_record_ids(self, scenario: str, recipe: str) -> set[str]: ...
 
     # aggregates ---------------------------------------------------------------------------
-    def count_awaiting_feedback(self, scenario: str, recipe: str) -> int:
-        """How many records of `scenario` no report of it quotes and `recipe` has not consumed:
-        one aggregate query, no record read into memory."""
+    def count_awaiting_feedback(
+        self, scenario: str, recipe: str, tags: Mapping[str, str] | None = None
+    ) -> int:
+        """How many records of `scenario` no report of it quotes and `recipe` has not consumed
+        (with `tags`: only records carrying each of these tags with its value): one aggregate
+        query, no record read into memory."""
         ...
 
     def arm_sums(
@@ -192,7 +195,9 @@ class SQLReports(Database, ReportStore):
             return set(conn.scalars(query))
 
     # aggregates ---------------------------------------------------------------------------
-    def count_awaiting_feedback(self, scenario: str, recipe: str) -> int:
+    def count_awaiting_feedback(
+        self, scenario: str, recipe: str, tags: Mapping[str, str] | None = None
+    ) -> int:
         r, p, c = tables.records, tables.reports, tables.consumptions
         # The receipts the scenario's reports quote, expanded from their JSON lists in the
         # database: a scan of the reports (few), never of the records (many).
@@ -216,6 +221,7 @@ class SQLReports(Database, ReportStore):
                 r.c.id.not_in(
                     select(c.c.record_id).where(c.c.scenario == scenario, c.c.recipe == recipe)
                 ),
+                *(r.c.tags[name].as_string() == value for name, value in (tags or {}).items()),
             )
         )
         with self._tx(f"counting records awaiting feedback in '{scenario}'") as conn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import timedelta
 
@@ -242,3 +243,38 @@ def test_readiness_has_no_side_effects(store: SQLStore, tmp_path) -> None:  # ty
     assert after.last_materialization is not None
     assert after.last_materialization["content_hash"] == snap.content_hash
     assert after.last_materialization["rows"] == 3
+
+
+def test_a_slice_keeps_the_samples_whose_every_record_carries_its_tags(store: SQLStore) -> None:
+    """`reef.select.tags`: one role of a multi-agent app learns from its own turns only; a
+    trajectory with one turn of another role is not its sample; readiness counts the slice."""
+    base = _base(store)
+    planner = [record(S, base, tags={"role": "planner", "app": "a"}) for _ in range(3)]
+    executor = [record(S, base, tags={"role": "executor"}) for _ in range(2)]
+    untagged = record(S, base)
+    mixed = session(S, base, 2)
+    mixed = [
+        dataclasses.replace(mixed[0], tags={"role": "planner"}),
+        dataclasses.replace(mixed[1], tags={"role": "executor"}),
+    ]
+    waiting = record(S, base, tags={"role": "planner"})  # never reported
+    store.add_records([*planner, *executor, untagged, *mixed, waiting])
+    for rec in [*planner, *executor, untagged]:
+        store.add_report(report(S, rec.id))
+    store.add_report(report(S, *(r.id for r in mixed)))
+
+    whole = collect(store, S, "scored", recipe="sft")
+    assert len(whole.samples) == 7 and whole.awaiting_feedback == 1
+
+    mine = collect(store, S, "scored", recipe="sft", tags={"role": "planner"})
+    assert sorted(s.record_ids[0] for s in mine.samples) == sorted(r.id for r in planner)
+    assert mine.dropped == Counter(not_selected=4)  # 2 executor turns, untagged, the mix
+    assert mine.awaiting_feedback == 1
+    narrower = collect(store, S, "scored", recipe="sft", tags={"role": "planner", "app": "b"})
+    assert not narrower.samples and narrower.awaiting_feedback == 0
+
+    loop = LoopSettings(batch_size=3, select={"tags": {"role": "planner"}})
+    ready = readiness(store, S, loop)
+    assert (ready.eligible, ready.ready, ready.dropped["not_selected"]) == (3, True, 4)
+    other = readiness(store, S, LoopSettings(batch_size=3, select={"tags": {"role": "executor"}}))
+    assert (other.eligible, other.ready, other.awaiting_feedback) == (2, False, 0)

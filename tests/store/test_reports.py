@@ -178,6 +178,23 @@ def test_count_awaiting_feedback_leaves_out_quoted_and_consumed_records(
     assert report_store.count_awaiting_feedback("nope", "sft") == 0
 
 
+def test_count_awaiting_feedback_of_a_slice_counts_its_tagged_records(
+    report_store: ReportStore, store: SQLStore, make_record: MakeRecord
+) -> None:
+    base = store.ensure_scenario("sl").head_release_id
+    planner = [make_record("sl", base, tags={"role": "planner", "app": "x"}) for _ in range(4)]
+    executor = [make_record("sl", base, tags={"role": "executor"}) for _ in range(3)]
+    untagged = [make_record("sl", base) for _ in range(2)]
+    store.add_records([*planner, *executor, *untagged])
+    report_store.add_report(_scored("sl", planner[0].id))
+    assert report_store.count_awaiting_feedback("sl", "sft") == 8
+    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "planner"}) == 3
+    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "executor"}) == 3
+    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "planner", "app": "x"}) == 3
+    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "planner", "app": "y"}) == 0
+    assert report_store.count_awaiting_feedback("sl", "sft", {}) == 8
+
+
 def test_quoting_reports_and_deleting_reports_with_their_references(
     report_store: ReportStore, store: SQLStore, make_record: MakeRecord
 ) -> None:
