@@ -2,7 +2,7 @@
 settings it would use. Against a running server: `reef report` sends feedback on receipts,
 `reef releases|rollback|promote` and `reef rollout` read and move a scenario's head. Offline:
 `reef token` makes a token, `reef export` writes a scenario's experience to a file, `reef
-evolve` runs the evolve flow, `reef gc` finishes scenario deletions and applies retention,
+import` reads one in (OpenAI chat JSONL or an export), `reef evolve` runs the evolve flow, `reef gc` finishes scenario deletions and applies retention,
 `reef openapi` prints the HTTP API's spec, `reef completion bash|zsh` a shell completion
 script."""
 
@@ -101,6 +101,32 @@ def export(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(f"reef: exported {n} records of '{args.scenario}' to {args.output} ({fmt})")
+    return 0
+
+
+def import_experience(args: argparse.Namespace) -> int:
+    """Records and reports from a JSONL file (reef.imports); a re-import adds nothing."""
+    from reef.imports import import_file
+    from reef.store.sql import open_store
+
+    if not args.file.is_file():
+        raise ConfigError(f"cannot import {args.file}: no such file")
+    settings = load_settings(args.config, **_overrides(args))
+    store = open_store(settings.database_url)
+    try:
+        store.migrate()
+        result = import_file(store, args.scenario, args.file)
+    finally:
+        store.close()
+    print(
+        f"reef: imported {result.records} records and {result.reports} reports into "
+        f"'{args.scenario}' ({result.skipped} lines were there already)"
+    )
+    if result.dangling_reports:
+        shown = ", ".join(result.dangling_reports[:5])
+        print(
+            f"reef: {len(result.dangling_reports)} reports quote records not in the file: {shown}"
+        )
     return 0
 
 
@@ -306,6 +332,7 @@ def parser() -> argparse.ArgumentParser:
         _serve_command,
         _token_command,
         _export_command,
+        _import_command,
         _evolve_command,
         _chain_commands,
         _rollout_command,
@@ -363,6 +390,20 @@ def _export_command(sub: Subcommands) -> None:
         help="also the records and reports retention archived to the artifact store",
     )
     e.set_defaults(func=export)
+
+
+def _import_command(sub: Subcommands) -> None:
+    """`reef import`: records and feedback from a JSONL file into a scenario."""
+    m = sub.add_parser(
+        "import",
+        help="import experience from a JSONL file (OpenAI chat lines or reef export's rows)",
+    )
+    m.add_argument("file", type=Path, help="a .jsonl file")
+    m.add_argument("--scenario", required=True, help="the scenario to add them to (made if new)")
+    m.add_argument("-c", "--config", type=Path, help="YAML settings file")
+    m.add_argument("--state-dir", type=Path, help="where the SQLite DB is (default ./.reef)")
+    m.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
+    m.set_defaults(func=import_experience)
 
 
 def _evolve_command(sub: Subcommands) -> None:

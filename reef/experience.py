@@ -23,6 +23,8 @@ reason (the first that applies, in this order):
                      canary that served (live, or rolled back: its records are experience like
                      any other, at its parent's seq; the sample's turns name the release);
 - "stale":           head seq − the oldest record's release seq > max_staleness;
+- "imported":        kind "rollout" and an imported record (reef.imports) without the
+                     engine's token ids: learning from one's own tokens needs them;
 - "no_token_ids":    kind "rollout" and a record without recorded token ids;
 - "token_mismatch":  a multi-turn sample whose turns do not extend each other token by token;
 - "unpaired":        kind "preference" and no answer to the same prompt with another score.
@@ -55,7 +57,7 @@ import orjson
 from reef import gcpause, responses
 from reef.anthropic import assistant_message, to_openai
 from reef.errors import BadRequest
-from reef.records import Consumption, Record, Report, content_hash, utcnow
+from reef.records import IMPORTED_TAG, Consumption, Record, Report, content_hash, utcnow
 from reef.samples import (
     Kind,
     PreferenceSample,
@@ -394,7 +396,8 @@ def _collect(
         if kind == "rollout" and any(
             r.prompt_token_ids is None or r.completion_token_ids is None for r in records
         ):
-            dropped["no_token_ids"] += 1
+            imported = any(IMPORTED_TAG in r.tags for r in records)
+            dropped["imported" if imported else "no_token_ids"] += 1
             continue
         has_ids = all(r.prompt_token_ids is not None for r in records)
         if len(records) > 1 and has_ids and not tokens_continue(records):

@@ -185,6 +185,11 @@ class Deletion:
     deleted_at: datetime
 
 
+# The tag an imported record carries (reef.imports), its value the file's format: experience
+# like any other, never served traffic.
+IMPORTED_TAG = "reef.imported"
+
+
 @dataclass(frozen=True)
 class Record:
     """One stored inference exchange. `request`/`response` are the client's wire bodies for

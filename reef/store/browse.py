@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Float, Text, and_, cast, exists, func, literal, select, union_all
 
 from reef.errors import BadRequest
-from reef.records import Job, Record, Report, utcnow
+from reef.records import IMPORTED_TAG, Job, Record, Report, utcnow
 from reef.store import tables
 from reef.store.base import Store
 from reef.store.rows import id_at as id_at  # re-exported: callers import it from here
@@ -221,8 +221,10 @@ class Browse:
     # aggregates -----------------------------------------------------------------
     def traffic(self, scenario: str, hours: int = 24, now: datetime | None = None) -> Traffic:
         """Records per hour over the last `hours`, and how many of them reports quote: one scan
-        of the window's entries in the (scenario, id) index (ids sort by time)."""
+        of the window's entries in the (scenario, id) index (ids sort by time). Served traffic
+        only: imported records (reef.imports) are left out."""
         r, x = tables.records, tables.report_references
+        served = r.c.tags[IMPORTED_TAG].as_string().is_(None)
         now = now or utcnow()
         start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
         edges = [id_at("rec", start + timedelta(hours=h)) for h in range(hours)]
@@ -233,7 +235,7 @@ class Browse:
             *(
                 select(literal(h).label("h"), func.count().label("n"))
                 .select_from(r)
-                .where(r.c.scenario == scenario, r.c.id >= lo, r.c.id < hi)
+                .where(r.c.scenario == scenario, r.c.id >= lo, r.c.id < hi, served)
                 for h, (lo, hi) in enumerate(itertools.pairwise(edges))
             )
         )
@@ -241,9 +243,9 @@ class Browse:
             by_hour = dict(conn.execute(select(counts.subquery())).tuples().all())
             hourly = [int(by_hour.get(h, 0)) for h in range(hours)]
             quoted = conn.execute(
-                select(func.count(func.distinct(x.c.record_id)), func.avg(x.c.score)).where(
-                    x.c.scenario == scenario, x.c.record_id >= edges[0]
-                )
+                select(func.count(func.distinct(x.c.record_id)), func.avg(x.c.score))
+                .select_from(x.join(r, (r.c.scenario == x.c.scenario) & (r.c.id == x.c.record_id)))
+                .where(x.c.scenario == scenario, x.c.record_id >= edges[0], served)
             ).one()
         return Traffic(
             hourly=hourly,

@@ -64,6 +64,11 @@ class RecordStore(Protocol):
         (a key is unique per scenario and route)."""
         ...
 
+    def idempotent_ids(self, scenario: str, route: str, keys: Sequence[str]) -> dict[str, str]:
+        """For each of `keys` that a record of `scenario` and `route` holds as its
+        Idempotency-Key, that record's id (bulk imports skip what they added before)."""
+        ...
+
     def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
         """Of the records whose conversation state (request messages + answer, hashed by
         reef.sessions) is one of `state_hashes`, the one with the longest conversation; among
@@ -235,6 +240,19 @@ class SQLRecords(Database, RecordStore):
             t.c.scenario == scenario, t.c.route == route, t.c.idempotency_key == key
         )
         return self._first_record(query, f"looking up an Idempotency-Key in '{scenario}'")
+
+    def idempotent_ids(self, scenario: str, route: str, keys: Sequence[str]) -> dict[str, str]:
+        t = tables.records
+        out: dict[str, str] = {}
+        with self._tx(f"looking up Idempotency-Keys in '{scenario}'") as conn:
+            for i in range(0, len(keys), IN_CHUNK):
+                query = select(t.c.idempotency_key, t.c.id).where(
+                    t.c.scenario == scenario,
+                    t.c.route == route,
+                    t.c.idempotency_key.in_(list(keys[i : i + IN_CHUNK])),
+                )
+                out.update({key: rid for key, rid in conn.execute(query)})
+        return out
 
     def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
         hashes = list(dict.fromkeys(state_hashes))[:IN_CHUNK]

@@ -66,7 +66,7 @@ def test_store_is_the_union_of_the_nouns_and_sql_store_has_it_all() -> None:
     assert sum(len(m) for m in nouns) == len(set().union(*nouns))  # no method in two nouns
     assert _methods(Store) == set()  # nothing of its own
     everything = set().union(*nouns)
-    assert len(everything) == 53
+    assert len(everything) == 54
     for name in everything:
         owner = next(c for c in SQLStore.__mro__ if name in vars(c))
         assert not getattr(owner, "_is_protocol", False), f"SQLStore.{name} is a Protocol stub"

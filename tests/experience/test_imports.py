@@ -1,0 +1,173 @@
+"""reef.imports and `reef import`: OpenAI chat JSONL and reef export's rows become records and
+reports that join experience like served ones, are imported once, and never count as served
+traffic. On SQLite and Postgres (the experience fixtures' store)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from cli.main import main
+from reef.errors import BadRequest
+from reef.experience import collect
+from reef.export import export
+from reef.imports import import_file, import_lines
+from reef.records import IMPORTED_TAG
+from reef.samples import ScoredSample, TrajectorySample
+from reef.store.browse import Browse
+from reef.store.sql import SQLStore
+from tests.experience.conftest import record, report, session
+
+OPENAI_LINES = [
+    # the fine-tuning shape: the last message is the answer
+    {
+        "id": "conv-1",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Capital of France?"},
+            {"role": "assistant", "content": "Paris."},
+        ],
+        "score": 1.0,
+        "tags": {"team": "geo"},
+    },
+    # prompt + completion, a correction as feedback
+    {
+        "id": "conv-2",
+        "messages": [{"role": "user", "content": "Capital of Spain?"}],
+        "completion": "It is Madrid, a city in the centre of the country.",
+        "score": 0.0,
+        "feedback": {"correction": "Madrid."},
+        "model": "gpt-4o-mini",
+    },
+    # no id, no feedback: a record awaiting feedback
+    {"messages": [{"role": "user", "content": "Hi"}], "completion": "Hello!"},
+]
+
+
+def _jsonl(rows: list[dict[str, object]]) -> list[bytes]:
+    return [orjson.dumps(r) + b"\n" for r in rows]
+
+
+def test_openai_lines_become_experience_once(store: SQLStore) -> None:
+    result = import_lines(store, "imp", _jsonl(OPENAI_LINES))
+    assert (result.records, result.reports, result.skipped) == (3, 2, 0)
+    assert not result.dangling_reports
+
+    exp = collect(store, "imp", "scored", recipe="sft")
+    assert exp.awaiting_feedback == 1 and not exp.dropped
+    by_answer = {s.completion: s for s in exp.samples if isinstance(s, ScoredSample)}
+    paris = by_answer["Paris."]
+    assert paris.score == 1.0 and [m["content"] for m in paris.messages] == [
+        "Be brief.",
+        "Capital of France?",
+    ]
+    madrid = by_answer["It is Madrid, a city in the centre of the country."]
+    assert madrid.score == 0.0 and orjson.loads(madrid.feedback or "") == {"correction": "Madrid."}
+    records = store.get_records("imp", paris.record_ids + madrid.record_ids)
+    assert {r.tags.get(IMPORTED_TAG) for r in records} == {"openai"}
+    assert {r.tags.get("team") for r in records} == {"geo", None}
+    assert all(r.prompt_token_ids is None and r.logprobs is None for r in records)
+    assert {r.model for r in records} == {"imported", "gpt-4o-mini"}
+
+    # the engine's own tokens are what rollout recipes learn from: imported ones say why not
+    rollout = collect(store, "imp", "rollout", recipe="openclaw")
+    assert not rollout.samples and rollout.dropped == Counter(imported=2)
+
+    again = import_lines(store, "imp", _jsonl(OPENAI_LINES))
+    assert (again.records, again.reports, again.skipped) == (0, 0, 3)
+    assert len(collect(store, "imp", "scored", recipe="sft").samples) == 2
+
+
+def test_bad_lines_are_named_and_nothing_written(store: SQLStore, tmp_path: Path) -> None:
+    cases = [
+        (b"{not json\n", "line 1: not JSON"),
+        (b"[1, 2]\n", "line 1: a line must be a JSON object"),
+        (b'{"messages": [{"role": "user", "content": "q"}]}\n', "line 1: no answer"),
+        (b'{"messages": "q", "completion": "a"}\n', "'messages' must be a list"),
+        (
+            b'{"messages": [{"role": "user", "content": "q"}], "completion": "a", '
+            b'"tags": {"reef.imported": "x"}}\n',
+            "tags under 'reef.' are Reef's own",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "q"}], "completion": "a", "score": "high"}',
+            "'score' must be a number",
+        ),
+    ]
+    good = _jsonl(OPENAI_LINES[:1])[0]
+    path = tmp_path / "bad.jsonl"
+    for raw, said in cases:
+        path.write_bytes(good + b"\n" + raw)  # a good line, a blank one, then the bad one
+        with pytest.raises(BadRequest, match=said.replace("line 1", "line 3")):
+            import_file(store, "bad", path)
+    assert store.list_scenarios() == []  # not even the scenario
+
+
+def test_a_reef_export_round_trips(store: SQLStore, tmp_path: Path) -> None:
+    """Export a scenario with a stitched session (one report on its three turns) and single
+    turns, import the file into another scenario: the same experience, the same reports, the
+    same session; a second import adds nothing."""
+    base = store.ensure_scenario("src").head_release_id
+    turns = session("src", base, 3)
+    singles = [record("src", base, answer=f"answer {k}") for k in range(3)]
+    store.add_records([*turns, *singles])
+    store.add_report(report("src", *(r.id for r in turns), score=0.5))
+    store.add_report(report("src", singles[0].id, score=1.0, feedback={"text": "good"}))
+    store.add_report(report("src", singles[1].id, score=0.0))
+    path = tmp_path / "src.jsonl"
+    assert export(store, "src", path, "jsonl", progress=False) == 6
+
+    result = import_file(store, "dst", path)
+    assert (result.records, result.reports, result.skipped) == (6, 3, 0)
+
+    def content(scenario: str, kind: str, recipe: str) -> list[tuple[object, ...]]:
+        exp = collect(store, scenario, kind, recipe=recipe)
+        out = []
+        for s in exp.samples:
+            if isinstance(s, TrajectorySample):
+                turns = [
+                    (t.turn, t.messages, t.completion, t.prompt_token_ids, t.logprobs)
+                    for t in s.turns
+                ]
+                out.append((*turns, s.score))
+            else:
+                assert isinstance(s, ScoredSample)
+                out.append((s.messages, s.completion, s.score, s.feedback))
+        return sorted(out, key=repr)
+
+    assert content("dst", "scored", "sft") == content("src", "scored", "sft")
+    assert content("dst", "trajectory", "harness") == content("src", "trajectory", "harness")
+    imported = store.list_records("dst", limit=100)
+    assert len({r.session_id for r in imported if r.session_id}) == 1
+    stitched = sorted((r for r in imported if r.session_id), key=lambda r: r.turn or 0)
+    assert [r.parent_id for r in stitched] == [None, stitched[0].id, stitched[1].id]
+
+    again = import_file(store, "dst", path)
+    assert (again.records, again.reports, again.skipped) == (0, 0, 6)
+
+
+def test_imported_records_are_not_served_traffic(store: SQLStore) -> None:
+    base = store.ensure_scenario("tr").head_release_id
+    served = [record("tr", base) for _ in range(2)]
+    store.add_records(served)
+    store.add_report(report("tr", served[0].id))
+    import_lines(store, "tr", _jsonl(OPENAI_LINES))
+    traffic = Browse(store).traffic("tr")
+    assert (traffic.records, traffic.quoted, sum(traffic.hourly)) == (2, 1, 2)
+    assert traffic.mean_score == 1.0
+
+
+def test_the_command_imports_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "chats.jsonl"
+    path.write_bytes(b"".join(_jsonl(OPENAI_LINES)))
+    args = ["import", str(path), "--scenario", "cli-imp", "--state-dir", str(tmp_path / "s")]
+    assert main(args) == 0
+    assert "imported 3 records and 2 reports into 'cli-imp'" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "(3 lines were there already)" in capsys.readouterr().out
+    missing = ["import", str(tmp_path / "nope.jsonl"), "--scenario", "x"]
+    assert main([*missing, "--state-dir", str(tmp_path / "s")]) == 2
+    assert "no such file" in capsys.readouterr().err
