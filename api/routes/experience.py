@@ -1,8 +1,12 @@
-"""Experience routes: whether a scenario has a training batch waiting (read-only)."""
+"""Experience routes: whether a scenario has a training batch waiting (read-only), and
+experience imported from outside (reef.imports)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -11,6 +15,8 @@ from pydantic import BaseModel, Field
 from api.contract import ScenarioPath, errors
 from api.services import caller
 from reef import evaluation_pool
+from reef.errors import PayloadTooLarge, UnsupportedMediaType
+from reef.imports import import_file
 from reef.readiness import readiness
 from reef.samples import KINDS
 
@@ -86,3 +92,57 @@ async def scenario_status(
         waiting=r.waiting,
         judge=r.judge.as_dict() if r.judge is not None else None,
     )
+
+
+class ImportOut(BaseModel):
+    object: str = "scenario.import"
+    scenario: str
+    records: int = Field(description="records added")
+    reports: int = Field(description="reports added")
+    skipped: int = Field(description="lines imported before (their id is taken): nothing added")
+    dangling_reports: list[str] = Field(
+        description="ids of reports that quote records the file does not have (not added)"
+    )
+
+
+NDJSON = ("application/x-ndjson", "application/jsonl", "application/json-lines")
+
+
+@router.post(
+    "/scenarios/{scenario}/records:import",
+    response_model=ImportOut,
+    responses=errors(400, 403, 413, 415, 503, e415="The body is not sent as JSONL"),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            # JSONL: the array's items, one JSON object per line
+            "content": {NDJSON[0]: {"schema": {"type": "array", "items": {"type": "object"}}}},
+        }
+    },
+    summary="Import experience: OpenAI chat JSONL or reef export's rows (reef import)",
+    description='One JSON object per line: `{"messages": [...], "completion": "..."}` (or '
+    "the fine-tuning shape whose last message is the answer), with optional `id`, `score`, "
+    "`feedback`, `model`, `tags`; or a row of `reef export --format jsonl`. The whole body is "
+    "checked before anything is written (a bad line: 400 naming it); a line whose `id` was "
+    "imported before adds nothing. Imported records are tagged `reef.imported` and are not "
+    "served traffic.",
+)
+async def import_records(request: Request, scenario: ScenarioPath) -> ImportOut:
+    svc, _, name = caller(request, scenario)
+    content_type = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
+    if content_type not in NDJSON:
+        raise UnsupportedMediaType(
+            f"send the body as JSONL with 'Content-Type: {NDJSON[0]}' (got "
+            f"{repr(content_type[:100]) if content_type else 'none'})"
+        )
+    limit = svc.settings.server.max_import_bytes
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the cap of {limit} bytes")
+            spool.write(chunk)
+        spool.flush()
+        result = await asyncio.to_thread(import_file, svc.store, name, Path(spool.name))
+    return ImportOut(scenario=name, **dataclasses.asdict(result))

@@ -52,6 +52,12 @@ class ServerSettings(Section):
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="request body size cap; a larger body gets 413"
     )
+    max_import_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=1024,
+        description="cap on a records:import body (JSONL, spooled to a temporary file while it "
+        "arrives); a larger one gets 413",
+    )
     max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
     max_n: int = Field(4, ge=1, description="largest n (choices per request) a request may ask")
     max_stop: int = Field(4, ge=0, description="most stop strings (stop, stop_sequences)")

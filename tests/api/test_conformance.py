@@ -10,6 +10,7 @@ real answers too (`ignored_auth` sends each request without its token)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +51,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
         served = httpx.get(f"{srv.url}/openapi.json").json()
         assert served == schema.raw_schema, "docs/openapi.json is stale: `reef openapi -o` it"
         yield srv
+
+
+@schemathesis.serializer("application/x-ndjson")
+def _jsonl(ctx: object, value: object) -> bytes:
+    """A records:import body: each item of the generated array a line of JSON."""
+    items = value if isinstance(value, list) else [value]
+    return b"".join(json.dumps(item).encode() + b"\n" for item in items)
 
 
 schema = schemathesis.openapi.from_path(

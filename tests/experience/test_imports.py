@@ -171,3 +171,41 @@ def test_the_command_imports_a_file(tmp_path: Path, capsys: pytest.CaptureFixtur
     missing = ["import", str(tmp_path / "nope.jsonl"), "--scenario", "x"]
     assert main([*missing, "--state-dir", str(tmp_path / "s")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_route_imports_a_body_a_scoped_token_may_send(tmp_path: Path) -> None:
+    """POST /reef/scenarios/{s}/records:import over real HTTP: JSONL in, counts out; the
+    wrong content type is 415, a bad line 400 naming it (nothing written), another scenario's
+    token 403, an oversize body 413; the records then serve as experience."""
+    import httpx
+
+    from api.auth import hash_token
+    from cli.testing import InProcessReef
+
+    tokens = [
+        {"name": "ops", "sha256": hash_token("sk-ops"), "admin": True},
+        {"name": "team", "sha256": hash_token("sk-team"), "scenarios": ["imp-http"]},
+    ]
+    body = b"".join(_jsonl(OPENAI_LINES))
+    with InProcessReef(tmp_path, auth={"tokens": tokens}, server={"max_import_bytes": 4096}) as srv:
+        url = f"{srv.url}/reef/scenarios/imp-http/records:import"
+        jsonl = {"content-type": "application/x-ndjson", "authorization": "Bearer sk-team"}
+        r = httpx.post(url, content=body, headers=jsonl)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert (got["records"], got["reports"], got["skipped"]) == (3, 2, 0)
+        assert httpx.post(url, content=body, headers=jsonl).json()["skipped"] == 3
+
+        as_json = {**jsonl, "content-type": "application/json"}
+        assert httpx.post(url, content=body, headers=as_json).status_code == 415
+        bad = httpx.post(url, content=body + b"{oops\n", headers=jsonl)
+        assert bad.status_code == 400 and "line 4" in bad.json()["error"]["message"]
+        other = url.replace("imp-http", "elsewhere")
+        assert httpx.post(other, content=body, headers=jsonl).status_code == 403
+        big = httpx.post(url, content=body * 20, headers=jsonl)
+        assert big.status_code == 413, big.text
+
+        status = httpx.get(
+            f"{srv.url}/reef/scenarios/imp-http/status", headers={"authorization": "Bearer sk-ops"}
+        ).json()
+        assert (status["eligible"], status["awaiting_feedback"]) == (2, 1), status
