@@ -396,7 +396,8 @@ def _import_command(sub: Subcommands) -> None:
     """`reef import`: records and feedback from a JSONL file into a scenario."""
     m = sub.add_parser(
         "import",
-        help="import experience from a JSONL file (OpenAI chat lines or reef export's rows)",
+        help="import experience from a JSONL file (OpenAI chat lines, OTLP/JSON GenAI spans, "
+        "or reef export's rows)",
     )
     m.add_argument("file", type=Path, help="a .jsonl file")
     m.add_argument("--scenario", required=True, help="the scenario to add them to (made if new)")

@@ -1,7 +1,7 @@
 """Import: experience from outside Reef, as records and reports of a scenario.
 
-A team that already has logs starts from them instead of from nothing. Two JSONL formats, told
-apart line by line:
+A team that already has logs starts from them instead of from nothing. Three JSONL formats,
+told apart line by line:
 
 - **OpenAI chat**: `{"messages": [...], "completion": "..."}`, or the fine-tuning shape whose
   last message is the assistant's answer (`{"messages": [..., {"role": "assistant", ...}]}`).
@@ -11,6 +11,10 @@ apart line by line:
   token ids and log-probs when the engine recorded them, its session and turn. A round trip
   brings back the same turns, the same reports and the same sessions (new record ids; the
   report ids are kept, so reports quoting several turns stay one report).
+- **OpenTelemetry GenAI spans** (`{"resourceSpans": [...]}`: OTLP/JSON trace exports, as the
+  Collector's file exporter writes them): each span with `gen_ai.input.messages` and
+  `gen_ai.output.messages` is an exchange (reef.otlp_import); other spans are skipped. Spans
+  carry no feedback: report on the imported records afterwards.
 
 Imported records are marked (tag `reef.imported`: the format), are made on the scenario's head
 at import time (so `reef.max_staleness` ages them like served ones), carry no token ids or
@@ -27,7 +31,7 @@ a batch at a time: a file of any size streams.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,7 @@ from typing import Any
 import orjson
 
 from reef.errors import BadRequest
+from reef.otlp_import import exchanges
 from reef.records import IMPORTED_TAG, Record, Report, new_id, utcnow
 from reef.store.base import Store
 
@@ -160,6 +165,25 @@ def _reef(row: dict[str, Any], lineno: int, base: dict[str, Any]) -> _Line:
     return _Line(row["record_id"], record, row["record_id"], row.get("parent_id"), feedback)
 
 
+def _otlp(row: dict[str, Any], lineno: int, base: Callable[[], dict[str, Any]]) -> list[_Line]:
+    try:
+        found = list(exchanges(row))
+    except (KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as e:
+        raise _fail(lineno, f"not an OTLP/JSON trace export: {type(e).__name__}: {e}") from e
+    out = []
+    for x in found:
+        model = x.model or "imported"
+        record = Record(
+            **base(),
+            model=model,
+            request={"model": model, "messages": x.messages},
+            response=_response(x.completion, x.tool_calls),
+            tags={IMPORTED_TAG: "otlp"},
+        )
+        out.append(_Line(x.span_id, record, None, None, []))
+    return out
+
+
 def parse(lines: Iterable[bytes], scenario: str, release_id: str) -> Iterator[_Line]:
     """Each non-blank JSONL line as a record to add (and its reports), or BadRequest naming
     the line."""
@@ -172,18 +196,23 @@ def parse(lines: Iterable[bytes], scenario: str, release_id: str) -> Iterator[_L
             raise _fail(lineno, f"not JSON: {e}") from e
         if not isinstance(row, dict):
             raise _fail(lineno, "a line must be a JSON object")
-        base = {
-            "id": new_id("rec"),
-            "scenario": scenario,
-            "created_at": utcnow(),
-            "route": ROUTE,
-            "stream": False,
-            "release_id": release_id,
-        }
-        if "record_id" in row and isinstance(row.get("messages"), str):
-            yield _reef(row, lineno, base)
+
+        def base() -> dict[str, Any]:
+            return {
+                "id": new_id("rec"),
+                "scenario": scenario,
+                "created_at": utcnow(),
+                "route": ROUTE,
+                "stream": False,
+                "release_id": release_id,
+            }
+
+        if "resourceSpans" in row:
+            yield from _otlp(row, lineno, base)
+        elif "record_id" in row and isinstance(row.get("messages"), str):
+            yield _reef(row, lineno, base())
         else:
-            yield _openai(row, lineno, base)
+            yield _openai(row, lineno, base())
 
 
 class _Importer:

@@ -209,3 +209,140 @@ def test_the_route_imports_a_body_a_scoped_token_may_send(tmp_path: Path) -> Non
             f"{srv.url}/reef/scenarios/imp-http/status", headers={"authorization": "Bearer sk-ops"}
         ).json()
         assert (status["eligible"], status["awaiting_feedback"]) == (2, 1), status
+
+
+def _any(value: object) -> dict[str, object]:
+    """A Python value as OTLP/JSON's AnyValue (structured, as an SDK records it)."""
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, list):
+        return {"arrayValue": {"values": [_any(v) for v in value]}}
+    assert isinstance(value, dict)
+    return {"kvlistValue": {"values": [{"key": k, "value": _any(v)} for k, v in value.items()]}}
+
+
+def _span(span_id: str, attributes: dict[str, object], *, structured: bool) -> dict[str, object]:
+    def value(v: object) -> dict[str, object]:
+        return (
+            _any(v)
+            if structured or isinstance(v, str)
+            else {"stringValue": orjson.dumps(v).decode()}
+        )
+
+    return {
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": span_id,
+        "name": "chat",
+        "attributes": [{"key": k, "value": value(v)} for k, v in attributes.items()],
+    }
+
+
+# A tool-using chat span with JSON-string attributes, one with structured ones, an HTTP span.
+TOOL_CHAT: dict[str, object] = {
+    "gen_ai.operation.name": "chat",
+    "gen_ai.request.model": "gpt-4o",
+    "gen_ai.response.model": "gpt-4o-2024-08-06",
+    "gen_ai.system_instructions": [{"type": "text", "content": "You are a weather bot."}],
+    "gen_ai.input.messages": [
+        {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]},
+        {
+            "role": "assistant",
+            "parts": [
+                {
+                    "type": "tool_call",
+                    "id": "call_1",
+                    "name": "get_weather",
+                    "arguments": {"location": "Paris"},
+                },
+            ],
+        },
+        {
+            "role": "tool",
+            "parts": [{"type": "tool_call_response", "id": "call_1", "result": "rainy, 57F"}],
+        },
+    ],
+    "gen_ai.output.messages": [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": "Rainy, 57F."}],
+            "finish_reason": "stop",
+        }
+    ],
+}
+PLAIN: dict[str, object] = {
+    "gen_ai.request.model": "llama-3",
+    "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "Hi"}]}],
+    "gen_ai.output.messages": [
+        {"role": "assistant", "parts": [{"type": "text", "content": "Hello"}]}
+    ],
+}
+HTTP: dict[str, object] = {
+    "http.request.method": "POST",
+    "url.full": "https://api.example.com/v1/chat",
+}
+EXPORT = {
+    "resourceSpans": [
+        {
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "app"}}]},
+            "scopeSpans": [
+                {
+                    "scope": {"name": "openai.instrumentation"},
+                    "spans": [
+                        _span("aaaaaaaaaaaaaaa1", TOOL_CHAT, structured=False),
+                        _span("aaaaaaaaaaaaaaa2", PLAIN, structured=True),
+                        _span("aaaaaaaaaaaaaaa3", HTTP, structured=True),
+                    ],
+                }
+            ],
+        }
+    ]
+}
+
+
+def test_opentelemetry_genai_spans_become_records(store: SQLStore) -> None:
+    """An OTLP/JSON trace export (a tool-using chat span with JSON-string attributes, one with
+    structured ones, and an HTTP span): the two GenAI spans become records in OpenAI chat
+    form, the HTTP span is skipped, and a re-import adds nothing."""
+    result = import_lines(store, "otel", [orjson.dumps(EXPORT)])
+    assert (result.records, result.reports, result.skipped) == (2, 0, 0)
+    records = sorted(store.list_records("otel"), key=lambda r: r.model)
+    assert [r.model for r in records] == ["gpt-4o-2024-08-06", "llama-3"]
+    weather, hi = records
+    assert weather.tags[IMPORTED_TAG] == "otlp"
+    assert weather.request["messages"] == [
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"location":"Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "rainy, 57F"},
+    ]
+    assert weather.response["choices"][0]["message"]["content"] == "Rainy, 57F."
+    assert hi.request["messages"] == [{"role": "user", "content": "Hi"}]
+
+    store.add_report(report("otel", weather.id, score=1.0))  # feedback comes afterwards
+    (sample,) = collect(store, "otel", "scored", recipe="sft").samples
+    assert isinstance(sample, ScoredSample) and sample.completion == "Rainy, 57F."
+
+    again = import_lines(store, "otel", [orjson.dumps(EXPORT)])
+    assert (again.records, again.skipped) == (0, 2)
+    with pytest.raises(BadRequest, match="line 1: not an OTLP/JSON trace export"):
+        import_lines(
+            store,
+            "otel",
+            [
+                b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"attributes": [{"key": "gen_ai.input.messages", "value": {"stringValue": "[oops"}}, {"key": "gen_ai.output.messages", "value": {"stringValue": "[]"}}]}]}]}]}'
+            ],
+        )
