@@ -13,8 +13,8 @@ from prometheus_client.registry import Collector
 
 from reef.artifacts import ArtifactStore
 from reef.background import BackgroundTask
-from reef.readiness import Readiness, readiness
-from reef.settings import LoopSettings
+from reef.readiness import Readiness, scenario_readiness
+from reef.settings import Settings
 from reef.store.base import Store
 
 log = logging.getLogger("reef.api")
@@ -34,18 +34,16 @@ class ReadinessCollector(Collector):
     def __init__(
         self,
         store: Store,
-        loop: LoopSettings,
+        settings: Settings,
         artifacts: ArtifactStore,
         interval_s: float = 15.0,
         scenario_labels: bool = True,
-        holdout: float = 0.0,
     ):
         self.store = store
-        self.loop = loop
+        self.settings = settings  # each scenario's own learning settings (for_scenario)
         self.artifacts = artifacts
         self.interval_s = interval_s
         self.scenario_labels = scenario_labels
-        self.holdout = holdout  # the share of evaluation samples, which never count (readiness)
         self._lock = threading.Lock()
         self._refreshing = False
         self._at = float("-inf")
@@ -62,9 +60,7 @@ class ReadinessCollector(Collector):
         """Recompute now (in the calling thread)."""
         try:
             values = [
-                readiness(
-                    self.store, s.name, self.loop, artifacts=self.artifacts, holdout=self.holdout
-                )
+                scenario_readiness(self.store, s.name, self.settings, artifacts=self.artifacts)
                 for s in self.store.list_scenarios()
             ]
         except Exception:

@@ -25,7 +25,7 @@ from api.rollouts import watcher as rollout_watcher
 from api.telemetry_metrics import TelemetryCollector
 from deploy.chain import ReleaseChain
 from deploy.engine import EngineTarget, Fleet, engines_for
-from reef import evaluation_pool, events
+from reef import events
 from reef.admission import Admission
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.background import BackgroundTask
@@ -136,11 +136,7 @@ class Services:
         engines = engines_for(settings, (settings.server_url, local), store)
         chain = ReleaseChain(settings, store, artifacts, engines, harnesses)
         readiness = ReadinessCollector(
-            store,
-            settings.reef,
-            artifacts,
-            scenario_labels=settings.server.scenario_labels,
-            holdout=evaluation_pool.fraction(settings),
+            store, settings, artifacts, scenario_labels=settings.server.scenario_labels
         )
         metrics.registry.register(readiness)
         quotas = QuotaGate(settings.auth.tokens, store.quotas, metrics.registry)

@@ -160,8 +160,9 @@ def _summary(model: type[BaseModel]) -> str:
 def _section_table(section: Section) -> list[str]:
     lines = [f"## `{section.path}`", "", _summary(section.model), ""]
     if section.in_list:
+        where = "a map" if section.path.endswith(".<name>") else "a list"
         lines += [
-            f"Inside a list: set in the YAML file, or the whole list as JSON in "
+            f"Inside {where}: set in the YAML file, or the whole {where[2:]} as JSON in "
             f"`{section.in_list}`.",
             "",
         ]

@@ -55,14 +55,12 @@ class Worker:
     background tasks; `start()` and `stop()` them together."""
 
     def __init__(self, settings: Settings, config: str | None, overrides: dict[str, Any]):
-        from reef.recipe import evolves_with, recipe_class
-
         self.settings = settings
         self.config = config
         self.overrides = overrides
-        self.kind = recipe_class(settings.reef.recipe).kind
-        # With an upstream engine and a weights recipe there is nothing to train: jobs only.
-        self.evolving = evolves_with(settings.engine.kind, settings.reef.recipe)
+        # With an upstream engine and a weights recipe there is nothing to train: jobs only
+        # (per scenario: each may have its own recipe, scenarios.<name>.reef.recipe).
+        self.evolving = any(self._evolves(name) for name in ("", *settings.scenarios))
         self.runs = Runs()
         self.inbox: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
         # scenario -> its deployment run still owning a batch (written by the run threads)
@@ -159,10 +157,18 @@ class Worker:
         except Exception:
             log.exception("%s: job %s failed", scenario, job_id)
 
+    def _evolves(self, scenario: str) -> bool:
+        from reef.recipe import evolves_with
+
+        recipe = self.settings.for_scenario(scenario).reef.recipe
+        return evolves_with(self.settings.engine.kind, recipe)
+
     def _evolve(self, scenario: str) -> None:
         logs.SCENARIO.set(scenario)  # this run's thread: its lines name the scenario
         try:
-            is_ready, eligible = ready(self.settings, scenario, self.kind)
+            if not self._evolves(scenario):
+                return
+            is_ready, eligible = ready(self.settings, scenario)
             if not is_ready:
                 return
             log.info("%s: %d eligible samples: evolving", scenario, eligible)
@@ -189,7 +195,8 @@ def judging(settings: Settings, notify: Callable[[Trigger], None]) -> Background
     judge = Judging(settings, open_store(settings.database_url))
 
     def step() -> None:
-        names = [s.name for s in judge.store.list_scenarios()]
+        # the scenarios whose own settings learn from judgments (scenarios.<name>)
+        names = [s.name for s in judge.store.list_scenarios() if judging_enabled(settings, s.name)]
         for scenario in sorted(judge.run_pass(names)):
             notify(Trigger.evolve(scenario))
 

@@ -176,8 +176,10 @@ def _failed(settings: Settings, scenario: str, error: Exception) -> None:
 
 
 def prepare(scenario: str, settings: Settings) -> Prepared:
-    """The recipe (its own gate when the configuration names none), the head and the model a
-    weights recipe trains from."""
+    """The scenario's settings (`scenarios.<name>` over the top-level ones), its recipe (with
+    its own gate when the configuration names none), the head and the model a weights recipe
+    trains from."""
+    settings = settings.for_scenario(scenario)
     loop = settings.reef
     if loop.train_threads:
         import torch

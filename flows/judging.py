@@ -56,11 +56,16 @@ log = logging.getLogger("reef.judging")
 PAGE = 500
 
 
-def judging_enabled(settings: Settings) -> bool:
-    """`judge.enabled`, or when unset, whether the recipe learns from judgments (openclaw)."""
-    if settings.judge.enabled is not None:
-        return settings.judge.enabled
-    return recipe_class(settings.reef.recipe).name == "openclaw"
+def judging_enabled(settings: Settings, scenario: str | None = None) -> bool:
+    """For `scenario` (its `scenarios.<name>` settings): `judge.enabled`, or when unset,
+    whether its recipe learns from judgments (openclaw). Without one: whether any scenario's
+    settings, or the top-level ones, turn judging on (the worker then runs it)."""
+    if scenario is None:
+        return any(judging_enabled(settings, name) for name in ("", *settings.scenarios))
+    own = settings.for_scenario(scenario)
+    if own.judge.enabled is not None:
+        return own.judge.enabled
+    return recipe_class(own.reef.recipe).name == "openclaw"
 
 
 def build_judge(settings: Settings, scenario: str) -> TurnJudge:
@@ -193,7 +198,9 @@ class Judging:
     ):
         self.settings = settings
         self.store = store
-        self.judge_for = judge_for or (lambda scenario: build_judge(settings, scenario))
+        self.judge_for = judge_for or (
+            lambda scenario: build_judge(settings.for_scenario(scenario), scenario)
+        )
         self.counts: Counter[str] = Counter()
         self._state: dict[str, _ScenarioState] = {}
         self._judges: dict[str, TurnJudge] = {}

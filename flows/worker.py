@@ -29,16 +29,15 @@ def prefect_server() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def ready(settings: Settings, scenario: str, kind: str) -> tuple[bool, int]:
-    """Whether `scenario` has a batch ready for a recipe of experience `kind`, and how many
-    eligible samples it has."""
-    from reef.evaluation_pool import fraction
-    from reef.readiness import readiness
+def ready(settings: Settings, scenario: str) -> tuple[bool, int]:
+    """Whether `scenario` has a batch ready for its recipe (`scenarios.<name>` or the
+    top-level one), and how many eligible samples it has."""
+    from reef.readiness import scenario_readiness
     from reef.store.sql import open_store
 
     store = open_store(settings.database_url)
     try:
-        r = readiness(store, scenario, settings.reef, kind, holdout=fraction(settings), judge=False)
+        r = scenario_readiness(store, scenario, settings, judge=False)
     finally:
         store.close()
     return r.ready, r.eligible

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reef.evaluation_pool import held_out
+from reef.evaluation_pool import fraction, held_out
 from reef.experience import collect, reports_of
 from reef.judge import JudgeQuality, judge_quality
 from reef.recipe import recipe_class
@@ -15,7 +15,7 @@ from reef.store.base import Store
 
 if TYPE_CHECKING:
     from reef.artifacts import ArtifactStore
-    from reef.settings import LoopSettings
+    from reef.settings import LoopSettings, Settings
 
 
 EMPTY_POOL = "the gate's evaluation pool is empty: waiting for a held-out sample to decide on"
@@ -88,4 +88,27 @@ def readiness(
         dropped=dropped,
         awaiting_feedback=exp.awaiting_feedback,
         last_materialization=last,
+    )
+
+
+def scenario_readiness(
+    store: Store,
+    scenario: str,
+    settings: Settings,
+    recipe_kind: str | None = None,
+    *,
+    artifacts: ArtifactStore | None = None,
+    judge: bool = True,
+) -> Readiness:
+    """`readiness` with the scenario's own learning settings (`scenarios.<name>`): its recipe,
+    batch size, staleness, slice and its gate's held-out share."""
+    own = settings.for_scenario(scenario)
+    return readiness(
+        store,
+        scenario,
+        own.reef,
+        recipe_kind,
+        artifacts=artifacts,
+        holdout=fraction(own),
+        judge=judge,
     )

@@ -154,8 +154,8 @@ def apply_retention(
                     artifacts,
                     scenario.name,
                     before,
-                    recipe=settings.reef.recipe,
-                    max_staleness=settings.reef.max_staleness,
+                    recipe=settings.for_scenario(scenario.name).reef.recipe,
+                    max_staleness=settings.for_scenario(scenario.name).reef.max_staleness,
                     batch=settings.store.retention_batch,
                 )
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import textwrap
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -329,8 +330,11 @@ def _leaf_paths(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[tupl
     out: list[tuple[str, ...]] = []
     for key, field in model.model_fields.items():
         sub = field.annotation
+        entries = typing.get_args(sub)[1] if typing.get_origin(sub) is dict else None
         if isinstance(sub, type) and issubclass(sub, BaseModel):
             out += _leaf_paths(sub, (*path, key))
+        elif isinstance(entries, type) and issubclass(entries, BaseModel):  # scenarios.<name>
+            out += _leaf_paths(entries, (*path, key, "<name>"))
         else:
             out.append((*path, key))
     return out
@@ -379,3 +383,45 @@ def test_secret_settings_travel_apart_at_any_depth() -> None:
     assert isinstance(hidden["engine"]["upstream"]["api_key"], SecretStr)
     assert "sk-a" not in str(hidden)
     assert ("engine", "vllm", "api_key") in secret_keys()
+
+
+def test_each_scenario_learns_with_its_own_settings(tmp_path: Path) -> None:
+    """scenarios.<name>: reef, gate and judge keys merged over the top-level ones (mappings key
+    by key, the rest replaced), validated at load with the scenario and key named; keys of the
+    process stay top-level; what the operator did not set stays unset (a recipe's own gate)."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            reef: {recipe: sft, batch_size: 8, params: {epochs: 2, lr: 0.001}}
+            gate: {margin: 0.1}
+            scenarios:
+              coder:
+                reef: {recipe: openclaw, batch_size: 4, params: {lr: 0.0003}}
+                judge: {votes: 5}
+              support: {gate: {policy: always}, reef: {select: {tags: {role: agent}}}}
+              tuner: {reef: {recipe: tttd}}
+            """
+        )
+    )
+    s = load_settings(config)
+    coder = s.for_scenario("coder")
+    assert (coder.reef.recipe, coder.reef.batch_size) == ("openclaw", 4)
+    assert coder.reef.params == {"epochs": 2, "lr": 0.0003} and coder.judge.votes == 5
+    assert coder.gate.margin == 0.1 and s.judge.votes != 5
+    support = s.for_scenario("support")
+    assert support.gate.policy == "always" and support.gate.margin == 0.1
+    assert support.reef.recipe == "sft" and support.reef.select.tags == {"role": "agent"}
+    assert "policy" not in s.for_scenario("tuner").gate.model_fields_set  # tttd's own gate
+    assert s.for_scenario("anything-else") is s
+
+    for text, said in (
+        ("scenarios: {x: {reef: {batch_size: 0}}}", "scenarios.x.reef: batch_size"),
+        ("scenarios: {x: {gate: {nope: 1}}}", "scenarios.x.gate: unknown key 'nope'"),
+        ("scenarios: {x: {reef: {recipe: nonsense}}}", "scenarios.x.reef: recipe: recipe must be"),
+        ("scenarios: {x: {reef: {worker_priority: low}}}", "worker_priority: process-wide"),
+        ("scenarios: {x: {engine: {}}}", "unknown key 'scenarios.x.engine'"),
+    ):
+        config.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_settings(config)

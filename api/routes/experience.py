@@ -14,10 +14,9 @@ from pydantic import BaseModel, Field
 
 from api.contract import ScenarioPath, errors
 from api.services import caller
-from reef import evaluation_pool
 from reef.errors import PayloadTooLarge, UnsupportedMediaType
 from reef.imports import import_file
-from reef.readiness import readiness
+from reef.readiness import scenario_readiness
 from reef.samples import KINDS
 
 router = APIRouter(prefix="/reef", tags=["reef"])
@@ -66,15 +65,9 @@ async def scenario_status(
     ),
 ) -> StatusOut:
     svc, principal, name = caller(request, scenario)
-    loop = svc.settings.reef
+    loop = svc.settings.for_scenario(name).reef
     r = await asyncio.to_thread(
-        readiness,
-        svc.store,
-        name,
-        loop,
-        kind,
-        artifacts=svc.artifacts,
-        holdout=evaluation_pool.fraction(svc.settings),
+        scenario_readiness, svc.store, name, svc.settings, kind, artifacts=svc.artifacts
     )
     last = r.last_materialization
     if last is not None and not principal.admin:  # where the server keeps files: admins only

@@ -18,6 +18,7 @@ from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings, TrainSettings
 from reef.settings.prefect import PrefectSettings
 from reef.settings.rollout import ABSettings, RolloutSettings, ShadowSettings
+from reef.settings.scenarios import ScenarioSettings
 from reef.settings.secret import (
     conceal,
     secret_environment,
@@ -47,6 +48,7 @@ __all__ = [
     "PrefectSettings",
     "QuotaSettings",
     "RolloutSettings",
+    "ScenarioSettings",
     "ServerSettings",
     "Settings",
     "ShadowSettings",

@@ -27,8 +27,9 @@ def describe(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             lines.append(f"unknown key '{key}'")
         else:
-            lines.append(f"{key}: {e['msg']}")
+            lines.append(f"{key}: {msg}" if key else msg)
     return "; ".join(lines)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -28,6 +28,7 @@ from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings
 from reef.settings.prefect import PrefectSettings
 from reef.settings.rollout import RolloutSettings
+from reef.settings.scenarios import ScenarioSettings, merged
 from reef.settings.section import describe
 from reef.settings.server import ServerSettings
 from reef.settings.store import StoreSettings
@@ -55,6 +56,38 @@ class Settings(BaseSettings):
     prefect: PrefectSettings = PrefectSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     events: EventSettings = EventSettings()
+    scenarios: dict[str, ScenarioSettings] = Field(
+        default_factory=dict,
+        description="per-scenario learning settings (reef, gate, judge) over the top-level ones",
+    )
+
+    @model_validator(mode="after")
+    def _each_scenario(self) -> Settings:
+        """Every scenario's merged settings validate at load, errors naming the scenario."""
+        for name in self.scenarios:
+            self.for_scenario(name)
+        return self
+
+    def for_scenario(self, name: str) -> Settings:
+        """These settings as scenario `name` learns with them: its `scenarios.<name>` keys
+        over the top-level reef, gate and judge sections (what the operator set stays set, so
+        a recipe's own default gate still applies where no gate.policy was given)."""
+        override = self.scenarios.get(name)
+        if override is None:
+            return self
+        update: dict[str, Any] = {}
+        for section in ("reef", "gate", "judge"):
+            keys = getattr(override, section)
+            if not keys:
+                continue
+            current = getattr(self, section)
+            try:
+                update[section] = type(current).model_validate(
+                    merged(current.model_dump(exclude_unset=True), keys)
+                )
+            except ValidationError as e:
+                raise ValueError(f"scenarios.{name}.{section}: {describe(e)}") from None
+        return self.model_copy(update=update)
 
     @classmethod
     def settings_customise_sources(

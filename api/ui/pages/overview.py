@@ -12,9 +12,7 @@ from api.services import Services, services
 from api.ui.pages.common import call, page, render, scoped
 from api.ui.signin import viewer
 from api.ui.views.overview import OverviewRow, overview_row
-from reef import evaluation_pool
-from reef.readiness import Readiness
-from reef.readiness import readiness as compute_readiness
+from reef.readiness import Readiness, scenario_readiness
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -56,7 +54,6 @@ async def readiness(request: Request, scenario: str) -> Response:
     if cached is not None and time.monotonic() - cached[0] < READINESS_TTL_S:
         r = cached[1]
     else:
-        holdout = evaluation_pool.fraction(svc.settings)
-        r = await call(compute_readiness, svc.store, name, svc.settings.reef, holdout=holdout)
+        r = await call(scenario_readiness, svc.store, name, svc.settings)
         recent[name] = (time.monotonic(), r)
     return render(request, "readiness.html", who, r=r)
