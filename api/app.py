@@ -27,6 +27,7 @@ from api.routes import (
     openai,
     releases,
     responses,
+    scenario_settings,
 )
 from api.routes import reef as reef_routes
 from api.routes import rollouts as rollout_routes
@@ -97,7 +98,7 @@ def create_app(
 def _routes(app: FastAPI) -> None:
     for module in (openai, anthropic, responses, reef_routes, releases, rollout_routes):
         app.include_router(module.router)
-    for module in (engine_admin, experience, harness, health):
+    for module in (engine_admin, experience, harness, health, scenario_settings):
         app.include_router(module.router)
     ui.install(app)  # the dashboard at /ui
     # The inference routes also go in front as plain Starlette routes: the same endpoint

@@ -58,9 +58,6 @@ class Worker:
         self.settings = settings
         self.config = config
         self.overrides = overrides
-        # With an upstream engine and a weights recipe there is nothing to train: jobs only
-        # (per scenario: each may have its own recipe, scenarios.<name>.reef.recipe).
-        self.evolving = any(self._evolves(name) for name in ("", *settings.scenarios))
         self.runs = Runs()
         self.inbox: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
         # scenario -> its deployment run still owning a batch (written by the run threads)
@@ -118,8 +115,6 @@ class Worker:
             assert job.scenario is not None and job.job_id is not None
             # users wait on these: each starts at once, beside any evolve run
             self.runs.start(f"job {job.job_id}", self._job, job.scenario, job.job_id)
-        if not self.evolving:
-            return
         # Evolve runs import trl's trainers in their own threads; a thread resolving its lazy
         # module while the preload does can fail with "cannot import name 'SFTConfig' from
         # 'trl'". They start once the preload is done (users' jobs need no trainer).
@@ -157,17 +152,11 @@ class Worker:
         except Exception:
             log.exception("%s: job %s failed", scenario, job_id)
 
-    def _evolves(self, scenario: str) -> bool:
-        from reef.recipe import evolves_with
-
-        recipe = self.settings.for_scenario(scenario).reef.recipe
-        return evolves_with(self.settings.engine.kind, recipe)
-
     def _evolve(self, scenario: str) -> None:
         logs.SCENARIO.set(scenario)  # this run's thread: its lines name the scenario
         try:
-            if not self._evolves(scenario):
-                return
+            # (never ready where the scenario's recipe cannot evolve on this engine: a weights
+            # recipe behind an upstream engine has nothing to train; users' jobs still run)
             is_ready, eligible = ready(self.settings, scenario)
             if not is_ready:
                 return
@@ -187,6 +176,7 @@ def judging(settings: Settings, notify: Callable[[Trigger], None]) -> Background
     """When judging is on (flows.judging), a task that judges the new turns of every scenario
     every `judge.poll_s` and triggers each scenario that got judgments."""
     from flows.judging import Judging, judging_enabled
+    from reef.scenario_settings import learning_settings
 
     if not judging_enabled(settings):
         return None
@@ -196,7 +186,11 @@ def judging(settings: Settings, notify: Callable[[Trigger], None]) -> Background
 
     def step() -> None:
         # the scenarios whose own settings learn from judgments (scenarios.<name>)
-        names = [s.name for s in judge.store.list_scenarios() if judging_enabled(settings, s.name)]
+        names = [
+            s.name
+            for s in judge.store.list_scenarios()
+            if judging_enabled(learning_settings(settings, judge.store, s.name), s.name)
+        ]
         for scenario in sorted(judge.run_pass(names)):
             notify(Trigger.evolve(scenario))
 

@@ -176,10 +176,17 @@ def _failed(settings: Settings, scenario: str, error: Exception) -> None:
 
 
 def prepare(scenario: str, settings: Settings) -> Prepared:
-    """The scenario's settings (`scenarios.<name>` over the top-level ones), its recipe (with
+    """The scenario's settings (`scenarios.<name>` and the run-time ones over the top-level
+    ones), its recipe (with
     its own gate when the configuration names none), the head and the model a weights recipe
     trains from."""
-    settings = settings.for_scenario(scenario)
+    from reef.scenario_settings import learning_settings
+
+    store = open_store(settings.database_url)
+    try:
+        settings = learning_settings(settings, store, scenario)
+    finally:
+        store.close()
     loop = settings.reef
     if loop.train_threads:
         import torch

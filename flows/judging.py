@@ -45,6 +45,7 @@ from reef.judge import (
 )
 from reef.recipe import recipe_class
 from reef.records import Record, Report
+from reef.scenario_settings import learning_settings
 from reef.settings import Settings
 from reef.store.base import Store
 
@@ -199,7 +200,7 @@ class Judging:
         self.settings = settings
         self.store = store
         self.judge_for = judge_for or (
-            lambda scenario: build_judge(settings.for_scenario(scenario), scenario)
+            lambda scenario: build_judge(learning_settings(settings, store, scenario), scenario)
         )
         self.counts: Counter[str] = Counter()
         self._state: dict[str, _ScenarioState] = {}

@@ -30,13 +30,19 @@ def prefect_server() -> str | None:
 
 
 def ready(settings: Settings, scenario: str) -> tuple[bool, int]:
-    """Whether `scenario` has a batch ready for its recipe (`scenarios.<name>` or the
-    top-level one), and how many eligible samples it has."""
+    """Whether `scenario` has a batch ready for its recipe (its own settings: the
+    configuration's and the run-time ones), and how many eligible samples it has. Never
+    ready when its recipe cannot evolve on this engine (a weights recipe behind upstream)."""
     from reef.readiness import scenario_readiness
+    from reef.recipe import evolves_with
+    from reef.scenario_settings import learning_settings
     from reef.store.sql import open_store
 
     store = open_store(settings.database_url)
     try:
+        recipe = learning_settings(settings, store, scenario).reef.recipe
+        if not evolves_with(settings.engine.kind, recipe):
+            return False, 0
         r = scenario_readiness(store, scenario, settings, judge=False)
     finally:
         store.close()

@@ -100,9 +100,11 @@ def scenario_readiness(
     artifacts: ArtifactStore | None = None,
     judge: bool = True,
 ) -> Readiness:
-    """`readiness` with the scenario's own learning settings (`scenarios.<name>`): its recipe,
-    batch size, staleness, slice and its gate's held-out share."""
-    own = settings.for_scenario(scenario)
+    """`readiness` with the scenario's own learning settings (`scenarios.<name>` and what was
+    set at run time): its recipe, batch size, staleness, slice and its gate's held-out share."""
+    from reef.scenario_settings import learning_settings
+
+    own = learning_settings(settings, store, scenario)
     return readiness(
         store,
         scenario,

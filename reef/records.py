@@ -185,6 +185,18 @@ class Deletion:
     deleted_at: datetime
 
 
+@dataclass(frozen=True)
+class SettingsVersion:
+    """A version of a scenario's learning settings set at run time: its `reef`, `gate` and
+    `judge` keys (over the configuration's `scenarios.<name>`), who set them and when."""
+
+    scenario: str
+    version: int
+    settings: dict[str, Any]
+    changed_by: str
+    changed_at: datetime
+
+
 # The tag an imported record carries (reef.imports), its value the file's format: experience
 # like any other, never served traffic.
 IMPORTED_TAG = "reef.imported"

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 
 from reef.errors import NotFound, StoreError
 from reef.records import Record, Report, new_id, utcnow
+from reef.scenario_settings import learning_settings
 from reef.store.base import Store
 from reef.store.browse import id_at
 from reef.store.records import RecordStore
@@ -147,6 +148,7 @@ def apply_retention(
         return []
     out = []
     for scenario in store.list_scenarios():
+        own = learning_settings(settings, store, scenario.name).reef
         try:
             out.append(
                 archive_scenario(
@@ -154,8 +156,8 @@ def apply_retention(
                     artifacts,
                     scenario.name,
                     before,
-                    recipe=settings.for_scenario(scenario.name).reef.recipe,
-                    max_staleness=settings.for_scenario(scenario.name).reef.max_staleness,
+                    recipe=own.recipe,
+                    max_staleness=own.max_staleness,
                     batch=settings.store.retention_batch,
                 )
             )

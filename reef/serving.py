@@ -31,6 +31,7 @@ from reef.store.chain import ChainStore
 from reef.store.commits import GroupCommitter
 from reef.store.records import RecordStore
 from reef.store.scenarios import ScenarioStore
+from reef.store.sessions import SessionStore
 from reef.variants import Variants
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ _CLAIM_TTL_S = 600.0
 _RESTITCH_TRIES = 8
 
 
-class ServingStore(ScenarioStore, RecordStore, ChainStore, Protocol):
+class ServingStore(ScenarioStore, RecordStore, SessionStore, ChainStore, Protocol):
     """What serving reads: the scenario row (created on first use), records (sessions and
     Idempotency-Keys; they are written through the GroupCommitter), and the release or live
     canary that serves a call."""

@@ -15,9 +15,11 @@ from pydantic import BaseModel, Field
 from api.contract import ScenarioPath, errors
 from api.services import caller
 from reef.errors import PayloadTooLarge, UnsupportedMediaType
+from reef.evaluation_pool import fraction
 from reef.imports import import_file
-from reef.readiness import scenario_readiness
+from reef.readiness import readiness
 from reef.samples import KINDS
+from reef.scenario_settings import learning_settings
 
 router = APIRouter(prefix="/reef", tags=["reef"])
 
@@ -65,9 +67,10 @@ async def scenario_status(
     ),
 ) -> StatusOut:
     svc, principal, name = caller(request, scenario)
-    loop = svc.settings.for_scenario(name).reef
+    own = await asyncio.to_thread(learning_settings, svc.settings, svc.store, name)
+    loop = own.reef
     r = await asyncio.to_thread(
-        scenario_readiness, svc.store, name, svc.settings, kind, artifacts=svc.artifacts
+        readiness, svc.store, name, loop, kind, artifacts=svc.artifacts, holdout=fraction(own)
     )
     last = r.last_materialization
     if last is not None and not principal.admin:  # where the server keeps files: admins only

@@ -68,11 +68,18 @@ class Settings(BaseSettings):
             self.for_scenario(name)
         return self
 
-    def for_scenario(self, name: str) -> Settings:
+    def for_scenario(self, name: str, runtime: Mapping[str, Any] | None = None) -> Settings:
         """These settings as scenario `name` learns with them: its `scenarios.<name>` keys
-        over the top-level reef, gate and judge sections (what the operator set stays set, so
-        a recipe's own default gate still applies where no gate.policy was given)."""
+        over the top-level reef, gate and judge sections, and over those `runtime` (the keys
+        set at run time, PUT /reef/scenarios/{s}/settings). What the operator set stays set,
+        so a recipe's own default gate still applies where no gate.policy was given."""
         override = self.scenarios.get(name)
+        if runtime:
+            base = override.model_dump() if override is not None else {}
+            try:
+                override = ScenarioSettings.model_validate(merged(base, dict(runtime)))
+            except ValidationError as e:
+                raise ValueError(f"scenarios.{name}: {describe(e)}") from None
         if override is None:
             return self
         update: dict[str, Any] = {}
@@ -87,7 +94,8 @@ class Settings(BaseSettings):
                 )
             except ValidationError as e:
                 raise ValueError(f"scenarios.{name}.{section}: {describe(e)}") from None
-        return self.model_copy(update=update)
+        # resolved: no per-scenario keys are left to apply (calling this again changes nothing)
+        return self.model_copy(update={**update, "scenarios": {}})
 
     @classmethod
     def settings_customise_sources(

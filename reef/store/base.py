@@ -1,7 +1,7 @@
 """The store's contract: one small Protocol per noun, and `Store`, all of them on one database.
 
 Each noun's Protocol lives in its module with its SQL implementation: scenarios
-(reef.store.scenarios), records with sessions and Idempotency-Keys (.records), reports with
+(reef.store.scenarios), records with their Idempotency-Keys (.records), sessions (.sessions), reports with
 their references, consumption receipts and score sums (.reports), the release chain and its
 candidates (.chain), jobs (.jobs), shadow records (.shadows), the engine registry (.engines),
 the outbox of webhook events (.events), and the database's own life (.database). A caller types against the Protocols it uses;
@@ -22,6 +22,7 @@ from reef.store.quotas import Quotas
 from reef.store.records import RecordStore
 from reef.store.reports import ReportStore
 from reef.store.scenarios import ScenarioStore
+from reef.store.sessions import SessionStore
 from reef.store.shadows import ShadowStore
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "RecordStore",
     "ReportStore",
     "ScenarioStore",
+    "SessionStore",
     "ShadowStore",
     "Store",
 ]
@@ -42,6 +44,7 @@ class Store(
     Lifecycle,
     ScenarioStore,
     RecordStore,
+    SessionStore,
     ReportStore,
     ChainStore,
     JobStore,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, case, delete, exists, literal_column, select
+from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import IntegrityError
 
 from reef.errors import Conflict, IdempotencyKeyReused, NotFound, SessionTurnTaken, StoreError
@@ -58,7 +58,7 @@ class RecordStore(Protocol):
         are not touched."""
         ...
 
-    # idempotency and sessions -------------------------------------------------------------
+    # idempotency ---------------------------------------------------------------------------
     def find_idempotent(self, scenario: str, route: str, key: str) -> Record | None:
         """The record stored under this Idempotency-Key for this route in the scenario, if any
         (a key is unique per scenario and route)."""
@@ -67,27 +67,6 @@ class RecordStore(Protocol):
     def idempotent_ids(self, scenario: str, route: str, keys: Sequence[str]) -> dict[str, str]:
         """For each of `keys` that a record of `scenario` and `route` holds as its
         Idempotency-Key, that record's id (bulk imports skip what they added before)."""
-        ...
-
-    def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
-        """Of the records whose conversation state (request messages + answer, hashed by
-        reef.sessions) is one of `state_hashes`, the one with the longest conversation; among
-        equal states, the newest record that has no continuation yet, else the newest. `state_hashes` come longest conversation first, as
-        reef.sessions.candidate_hashes returns them: the first hash that matches wins."""
-        ...
-
-    def session_tail(self, scenario: str, session_id: str) -> Record | None:
-        """The record with the highest turn in the session, if the session exists."""
-        ...
-
-    def session_records(self, scenario: str, session_id: str, limit: int = 1000) -> list[Record]:
-        """A session's records, first turn first: the chain of parent links that ends at the
-        session's tail (`session_tail`), so a fork starts with the turns it branched from. At
-        most the last `limit` of them; empty for an unknown session. One query."""
-        ...
-
-    def has_children(self, scenario: str, record_id: str) -> bool:
-        """Whether any record names `record_id` as its parent (a later one is then a fork)."""
         ...
 
 
@@ -228,7 +207,7 @@ class SQLRecords(Database, RecordStore):
                     deleted.update(doomed)
         return deleted
 
-    # idempotency and sessions -------------------------------------------------------------
+    # idempotency ---------------------------------------------------------------------------
     def _first_record(self, query: Any, what: str) -> Record | None:
         with self._tx(what) as conn:
             row = conn.execute(query.limit(1)).first()
@@ -253,67 +232,6 @@ class SQLRecords(Database, RecordStore):
                 )
                 out.update({key: rid for key, rid in conn.execute(query)})
         return out
-
-    def find_session_parent(self, scenario: str, state_hashes: Sequence[str]) -> Record | None:
-        hashes = list(dict.fromkeys(state_hashes))[:IN_CHUNK]
-        if not hashes:
-            return None
-        t = tables.records
-        child = t.alias("child")
-        # The caller lists the hashes longest conversation first: rank by that position.
-        rank = case({h: i for i, h in enumerate(hashes)}, value=t.c.state_hash)
-        # Equal states (many users asked the same and got the same answer): the newest one not
-        # continued yet is the conversation a client goes on with; the oldest would make every
-        # later one a fork of it, and leave their answers without a next turn.
-        continued = case(
-            (exists().where(child.c.parent_id == t.c.id, child.c.scenario == t.c.scenario), 1),
-            else_=0,
-        )
-        query = (
-            select(t)
-            .where(t.c.scenario == scenario, t.c.state_hash.in_(hashes))
-            .order_by(rank, continued, t.c.created_at.desc(), t.c.id.desc())
-        )
-        return self._first_record(query, f"looking up a session parent in '{scenario}'")
-
-    def session_tail(self, scenario: str, session_id: str) -> Record | None:
-        t = tables.records
-        query = (
-            select(t)
-            .where(t.c.scenario == scenario, t.c.session_id == session_id)
-            .order_by(t.c.turn.desc(), t.c.id.desc())
-        )
-        return self._first_record(query, f"reading session '{session_id}'")
-
-    def session_records(self, scenario: str, session_id: str, limit: int = 1000) -> list[Record]:
-        t = tables.records
-        tail = (
-            select(t.c.id)
-            .where(t.c.scenario == scenario, t.c.session_id == session_id)
-            .order_by(t.c.turn.desc(), t.c.id.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        # From the tail up its parent links, one indexed lookup per turn, in one statement.
-        chain = (
-            select(t.c.id, t.c.parent_id, literal_column("1").label("depth"))
-            .where(t.c.scenario == scenario, t.c.id == tail)
-            .cte("chain", recursive=True)
-        )
-        chain = chain.union_all(
-            select(t.c.id, t.c.parent_id, chain.c.depth + 1)
-            .join(chain, t.c.id == chain.c.parent_id)
-            .where(t.c.scenario == scenario, chain.c.depth < limit)
-        )
-        query = select(t).join(chain, t.c.id == chain.c.id).order_by(chain.c.depth.desc())
-        with self._tx(f"reading session '{session_id}'") as conn:
-            return [record_of(row) for row in conn.execute(query)]
-
-    def has_children(self, scenario: str, record_id: str) -> bool:
-        t = tables.records
-        query = select(exists().where(t.c.parent_id == record_id, t.c.scenario == scenario))
-        with self._tx(f"looking up children of record '{record_id}'") as conn:
-            return bool(conn.execute(query).scalar())
 
 
 def _taken(conn: Any, columns: Sequence[Any], values: list[tuple[Any, ...]]) -> Any:

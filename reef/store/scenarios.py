@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import dataclasses
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from reef.errors import Conflict, NotFound, StoreError
-from reef.records import Deletion, Release, Scenario, new_id, utcnow
+from reef.records import Deletion, Release, Scenario, SettingsVersion, new_id, utcnow
 from reef.store import tables
 from reef.store.connect import describe_error
 from reef.store.database import Database
@@ -43,6 +44,18 @@ class ScenarioStore(Protocol):
 
     def finish_deletion(self, name: str) -> None:
         """Drop the tombstone of `name` (its outside state is gone); no-op when there is none."""
+        ...
+
+    def set_scenario_settings(
+        self, name: str, settings: dict[str, Any], changed_by: str, expected_version: int
+    ) -> SettingsVersion:
+        """Append version `expected_version + 1` of the scenario's run-time learning settings
+        (compare-and-swap: Conflict when another change came first). NotFound without the
+        scenario."""
+        ...
+
+    def scenario_settings(self, name: str, limit: int = 20) -> list[SettingsVersion]:
+        """The scenario's run-time settings versions, newest first (empty: none set)."""
         ...
 
 
@@ -122,6 +135,7 @@ class SQLScenarios(Database, ScenarioStore):
                     tables.shadow_records,
                     tables.candidates,
                     tables.jobs,
+                    tables.scenario_settings,
                     tables.releases,
                 ):
                     conn.execute(delete(table).where(table.c.scenario == name))
@@ -149,6 +163,33 @@ class SQLScenarios(Database, ScenarioStore):
         with self._tx("listing pending scenario deletions") as conn:
             rows = conn.execute(select(d).order_by(d.c.deleted_at, d.c.name)).all()
         return [Deletion(scenario=r.name, deleted_at=r.deleted_at) for r in rows]
+
+    def set_scenario_settings(
+        self, name: str, settings: dict[str, Any], changed_by: str, expected_version: int
+    ) -> SettingsVersion:
+        t = tables.scenario_settings
+        version = SettingsVersion(name, expected_version + 1, settings, changed_by, utcnow())
+        try:
+            with self._tx(f"setting the settings of scenario '{name}'", write=True) as conn:
+                self._require_scenario(conn, name)
+                conn.execute(insert(t).values(**dataclasses.asdict(version)))
+        except IntegrityError:
+            raise Conflict(
+                f"the settings of scenario '{name}' changed since version {expected_version}: "
+                "read them again",
+                code="settings_changed",
+            ) from None
+        return version
+
+    def scenario_settings(self, name: str, limit: int = 20) -> list[SettingsVersion]:
+        t = tables.scenario_settings
+        query = select(t).where(t.c.scenario == name).order_by(t.c.version.desc()).limit(limit)
+        with self._tx(f"reading the settings of scenario '{name}'") as conn:
+            rows = conn.execute(query).all()
+        return [
+            SettingsVersion(r.scenario, r.version, r.settings, r.changed_by, r.changed_at)
+            for r in rows
+        ]
 
     def finish_deletion(self, name: str) -> None:
         d = tables.scenario_deletions

@@ -15,6 +15,7 @@ from reef.store.quotas import SQLQuotas
 from reef.store.records import SQLRecords
 from reef.store.reports import SQLReports
 from reef.store.scenarios import SQLScenarios
+from reef.store.sessions import SQLSessions
 from reef.store.shadows import SQLShadows
 
 __all__ = ["MIGRATIONS", "SQLStore", "open_store"]
@@ -47,6 +48,7 @@ def open_store(
 class SQLStore(
     SQLScenarios,
     SQLRecords,
+    SQLSessions,
     SQLReports,
     SQLChain,
     SQLJobs,

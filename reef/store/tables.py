@@ -369,6 +369,21 @@ class ScenarioDeletionRow(SQLModel, table=True):
     deleted_at: datetime = Field(sa_column=Column("deleted_at", UTCDateTime, nullable=False))
 
 
+class ScenarioSettingsRow(SQLModel, table=True):
+    """A version of a scenario's learning settings set at run time (PUT /reef/scenarios/{s}/
+    settings): its reef, gate and judge keys over the configuration's. Append-only: each
+    change is a new version; the newest applies. Who changed it and when stay with it."""
+
+    __tablename__ = "scenario_settings"
+    __table_args__ = (PrimaryKeyConstraint("scenario", "version", name="pk_scenario_settings"),)
+
+    scenario: str = _scenario_fk("fk_scenario_settings_scenario")
+    version: int = Field(sa_column=Column("version", Integer, nullable=False))
+    settings: dict[str, Any] = Field(sa_column=Column("settings", Json, nullable=False))
+    changed_by: str = Field(sa_column=Column("changed_by", String, nullable=False))
+    changed_at: datetime = Field(sa_column=Column("changed_at", UTCDateTime, nullable=False))
+
+
 class UISessionRow(SQLModel, table=True):
     """A dashboard sign-in (api.ui.signin): shared by every replica on the database, so a
     session opened on one is known to all and signing out anywhere ends it. The cookie's id
@@ -441,6 +456,7 @@ candidates: Table = SQLModel.metadata.tables["candidates"]
 shadow_records: Table = SQLModel.metadata.tables["shadow_records"]
 jobs: Table = SQLModel.metadata.tables["jobs"]
 scenario_deletions: Table = SQLModel.metadata.tables["scenario_deletions"]
+scenario_settings: Table = SQLModel.metadata.tables["scenario_settings"]
 ui_sessions: Table = SQLModel.metadata.tables["ui_sessions"]
 engines: Table = SQLModel.metadata.tables["engines"]
 event_deliveries: Table = SQLModel.metadata.tables["event_deliveries"]

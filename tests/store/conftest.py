@@ -17,6 +17,7 @@ from reef.store.jobs import JobStore, SQLJobs
 from reef.store.records import RecordStore, SQLRecords
 from reef.store.reports import ReportStore, SQLReports
 from reef.store.scenarios import ScenarioStore, SQLScenarios
+from reef.store.sessions import SessionStore, SQLSessions
 from reef.store.shadows import ShadowStore, SQLShadows
 from reef.store.sql import SQLStore
 
@@ -67,6 +68,11 @@ def scenario_store(store: SQLStore) -> ScenarioStore:
 @pytest.fixture
 def record_store(store: SQLStore) -> RecordStore:
     return SQLRecords(store.engine)
+
+
+@pytest.fixture
+def session_store(store: SQLStore) -> SessionStore:
+    return SQLSessions(store.engine)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from reef.store.base import (
     RecordStore,
     ReportStore,
     ScenarioStore,
+    SessionStore,
     ShadowStore,
     Store,
 )
@@ -27,6 +28,7 @@ from reef.store.jobs import SQLJobs
 from reef.store.records import SQLRecords
 from reef.store.reports import SQLReports
 from reef.store.scenarios import SQLScenarios
+from reef.store.sessions import SQLSessions
 from reef.store.shadows import SQLShadows
 from reef.store.sql import SQLStore
 
@@ -34,6 +36,7 @@ NOUNS: list[tuple[type, type]] = [
     (Lifecycle, Database),
     (ScenarioStore, SQLScenarios),
     (RecordStore, SQLRecords),
+    (SessionStore, SQLSessions),
     (ReportStore, SQLReports),
     (ChainStore, SQLChain),
     (JobStore, SQLJobs),
@@ -66,7 +69,7 @@ def test_store_is_the_union_of_the_nouns_and_sql_store_has_it_all() -> None:
     assert sum(len(m) for m in nouns) == len(set().union(*nouns))  # no method in two nouns
     assert _methods(Store) == set()  # nothing of its own
     everything = set().union(*nouns)
-    assert len(everything) == 54
+    assert len(everything) == 56
     for name in everything:
         owner = next(c for c in SQLStore.__mro__ if name in vars(c))
         assert not getattr(owner, "_is_protocol", False), f"SQLStore.{name} is a Protocol stub"

@@ -40,6 +40,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "engines",
         "quota_counters",
         "event_deliveries",
+        "scenario_settings",
     }
     for table in (
         tables.scenarios,

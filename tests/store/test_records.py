@@ -12,6 +12,7 @@ import pytest
 from reef.errors import BadRequest, Conflict, IdempotencyKeyReused, NotFound
 from reef.records import Record, new_id, utcnow
 from reef.store.records import RecordStore
+from reef.store.sessions import SessionStore
 from reef.store.sql import SQLStore
 from tests.store.builders import new_report
 
@@ -267,7 +268,7 @@ def test_quoted_records_are_the_reported_ones_of_the_scenario_once_each(
 
 
 def test_session_records_is_the_parent_chain_ending_at_the_tail(
-    record_store: RecordStore, store: SQLStore, make_record: MakeRecord
+    record_store: RecordStore, session_store: SessionStore, store: SQLStore, make_record: MakeRecord
 ) -> None:
     base = store.ensure_scenario("a").head_release_id
     ses, fork = new_id("ses"), new_id("ses")
@@ -281,14 +282,14 @@ def test_session_records_is_the_parent_chain_ending_at_the_tail(
     noise = make_record("a", base, session_id=new_id("ses"), turn=0)
     record_store.add_records([*turns, *forked, noise])
 
-    assert record_store.session_records("a", ses) == turns
-    assert record_store.session_records("a", fork) == [turns[0], turns[1], *forked]
-    assert [r.id for r in record_store.session_records("a", fork, limit=3)] == [
+    assert session_store.session_records("a", ses) == turns
+    assert session_store.session_records("a", fork) == [turns[0], turns[1], *forked]
+    assert [r.id for r in session_store.session_records("a", fork, limit=3)] == [
         turns[1].id,
         *(r.id for r in forked),
     ]
-    assert record_store.session_records("a", "ses_unknown") == []
-    assert record_store.session_records("b", ses) == []
+    assert session_store.session_records("a", "ses_unknown") == []
+    assert session_store.session_records("b", ses) == []
 
 
 def test_session_fields_round_trip(
@@ -314,7 +315,7 @@ def test_session_fields_round_trip(
 
 
 def test_find_session_parent_picks_the_longest(
-    record_store: RecordStore, store: SQLStore, make_record: MakeRecord
+    record_store: RecordStore, session_store: SessionStore, store: SQLStore, make_record: MakeRecord
 ) -> None:
     release = _base(store)
     t0 = utcnow()
@@ -328,20 +329,20 @@ def test_find_session_parent_picks_the_longest(
     record_store.add_records([short, long_new, long_old])
     # Hashes come longest conversation first; equal states (two users asked the same and got
     # the same answer) go to the newest record not continued yet.
-    assert record_store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_new
+    assert session_store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_new
     record_store.add_records([make_record("exp", release, turn=2, parent_id=long_new.id)])
-    assert record_store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_old
+    assert session_store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_old
     record_store.add_records([make_record("exp", release, turn=2, parent_id=long_old.id)])
-    assert record_store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_new
-    assert record_store.find_session_parent("exp", ["9" * 64, "1" * 64]) == short
-    assert record_store.find_session_parent("exp", ["9" * 64]) is None
-    assert record_store.find_session_parent("exp", []) is None
+    assert session_store.find_session_parent("exp", ["2" * 64, "1" * 64]) == long_new
+    assert session_store.find_session_parent("exp", ["9" * 64, "1" * 64]) == short
+    assert session_store.find_session_parent("exp", ["9" * 64]) is None
+    assert session_store.find_session_parent("exp", []) is None
     store.create_scenario("other")
-    assert record_store.find_session_parent("other", ["1" * 64]) is None
+    assert session_store.find_session_parent("other", ["1" * 64]) is None
 
 
 def test_session_tail_and_children(
-    record_store: RecordStore, store: SQLStore, make_record: MakeRecord
+    record_store: RecordStore, session_store: SessionStore, store: SQLStore, make_record: MakeRecord
 ) -> None:
     release = _base(store)
     r0 = make_record("exp", release, session_id="ses_a", turn=0)
@@ -349,16 +350,16 @@ def test_session_tail_and_children(
     r2 = make_record("exp", release, session_id="ses_a", turn=2, parent_id=r1.id)
     fork = make_record("exp", release, session_id="ses_b", turn=1, parent_id=r0.id)
     record_store.add_records([r2, r0, fork, r1])
-    assert record_store.session_tail("exp", "ses_a") == r2
-    assert record_store.session_tail("exp", "ses_b") == fork
-    assert record_store.session_tail("exp", "ses_none") is None
-    assert record_store.has_children("exp", r0.id)
-    assert record_store.has_children("exp", r1.id)
-    assert not record_store.has_children("exp", r2.id)
-    assert not record_store.has_children("exp", fork.id)
+    assert session_store.session_tail("exp", "ses_a") == r2
+    assert session_store.session_tail("exp", "ses_b") == fork
+    assert session_store.session_tail("exp", "ses_none") is None
+    assert session_store.has_children("exp", r0.id)
+    assert session_store.has_children("exp", r1.id)
+    assert not session_store.has_children("exp", r2.id)
+    assert not session_store.has_children("exp", fork.id)
     store.create_scenario("other")
-    assert record_store.session_tail("other", "ses_a") is None
-    assert not record_store.has_children("other", r0.id)
+    assert session_store.session_tail("other", "ses_a") is None
+    assert not session_store.has_children("other", r0.id)
 
 
 def test_idempotency_key_is_unique_per_scenario(
