@@ -106,6 +106,7 @@ def _release(srv: ReefServer, scenario: str) -> dict[str, Any] | None:
 
 
 @pytest.mark.faults
+@pytest.mark.timeout(600)  # six kills and restarts: 4-6 min on 2 cores (the default is 300 s)
 def test_the_worker_killed_at_each_stage_recovers_by_itself(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.yaml"
     loop = {"recipe": "sft", "batch_size": 2, "params": {"epochs": 1}}
