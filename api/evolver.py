@@ -7,6 +7,7 @@ decided)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -88,6 +89,9 @@ class Evolver:
             else:
                 self._delay_s = 0.0
             self.restarts += 1
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):  # the dead one's pipe
+                    proc.stdin.close()
             log.warning(
                 "evolve worker (pid %d) exited with code %s: starting it again (restart %d)",
                 proc.pid,

@@ -4,6 +4,10 @@ candidates agree."""
 
 from __future__ import annotations
 
+import json
+import os
+from typing import Any
+
 from sqlalchemy import select
 
 from reef.store import tables
@@ -58,3 +62,13 @@ def loop_violations(store: SQLStore, scenario: str, reported: set[str]) -> list[
         if r.operation == "training" and r.id not in set(batch_of.values()):
             out.append(f"release {r.id} consumed no batch: its reports stay unconsumed")
     return out
+
+
+def measured(row: str, numbers: dict[str, Any]) -> None:
+    """A row's measured numbers: printed, and appended as a JSON line to the file
+    REEF_FAULTS_RESULTS names (pytest-xdist shows no worker's output)."""
+    line = json.dumps({"row": row, **numbers})
+    print(line)
+    if path := os.environ.get("REEF_FAULTS_RESULTS"):
+        with open(path, "a") as f:
+            f.write(line + "\n")

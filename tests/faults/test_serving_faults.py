@@ -9,7 +9,6 @@ docs/reliability.md."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from reef.store.sql import open_store
 from reef.testing.process import ReefServer, free_port
+from tests.faults.invariants import measured as report
 from tests.reefserver import EchoUpstream, Relay, wait_for
 
 HI = [{"role": "user", "content": "hi there"}]
@@ -126,7 +126,7 @@ def test_upstream_failing_slow_dropping_and_gone(tmp_path: Path) -> None:
             assert "the GPU fell over" in srv.log()
     finally:
         echo.__exit__()
-    print(json.dumps({"upstream": measured}))
+    report("upstream", measured)
 
 
 @pytest.mark.faults
@@ -176,7 +176,7 @@ def test_postgres_unreachable_for_a_replica(
         )
     missing = set(acked) - _stored(direct.render_as_string(hide_password=False))
     assert missing == set()
-    print(json.dumps({"postgres": measured}))
+    report("postgres cut", measured)
 
 
 @pytest.mark.faults
@@ -223,4 +223,4 @@ def test_api_killed_during_a_stream(tmp_path: Path) -> None:
             stored = _stored(f"sqlite:///{restarted.state_dir / 'reef.db'}")
     assert set(acked) <= stored
     measured["cut stream's receipt stored"] = cut_receipt in stored
-    print(json.dumps({"api killed mid-stream": measured}))
+    report("api killed mid-stream", measured)

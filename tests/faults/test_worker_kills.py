@@ -12,7 +12,6 @@ when that changes either way."""
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -26,12 +25,13 @@ from reef.faults import POINTS
 from reef.store.sql import open_store
 from reef.testing.process import ReefServer
 from reef.testing.traffic import traffic
-from tests.faults.invariants import loop_violations, lost
+from tests.faults.invariants import loop_violations, lost, measured
 from tests.reefserver import wait_for
 
-# Seconds from a scenario's reports to its release through one kill: the worker's restart
-# (Prefect's temporary server, the trainer's imports) and two partial or whole runs, 2 cores.
-RECOVERY_S = 150
+# The most seconds from a scenario's reports to its release through one kill: the worker's
+# restart (Prefect's temporary server, the trainer's imports) and two partial or whole runs.
+# Measured 30-45 s on 2 cores; the bound leaves room for a machine busy with other work.
+RECOVERY_S = 240
 
 # What a kill at a stage still leaves wrong once the loop has recovered, by stage. After the
 # swap, the batch's consumption receipts are not written: the head has moved, so by default
@@ -83,7 +83,7 @@ def _report(srv: ReefServer, scenario: str) -> tuple[list[str], list[str]]:
 def _ready(srv: ReefServer, starts: int) -> None:
     """Wait for the worker's `starts`-th start to be done."""
     ready = lambda: srv.log().count("evolve worker ready") >= starts  # noqa: E731
-    wait_for(f"the worker's start {starts}", ready, srv, 120)
+    wait_for(f"the worker's start {starts}", ready, srv, 300)
 
 
 def _marked(srv: ReefServer, scenario: str, release_id: str, since: float) -> float:
@@ -106,7 +106,7 @@ def _release(srv: ReefServer, scenario: str) -> dict[str, Any] | None:
 
 
 @pytest.mark.faults
-@pytest.mark.timeout(600)  # six kills and restarts: 4-6 min on 2 cores (the default is 300 s)
+@pytest.mark.timeout(1500)  # six kills and restarts: 4-7 min on 2 cores (the default: 300 s)
 def test_the_worker_killed_at_each_stage_recovers_by_itself(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.yaml"
     loop = {"recipe": "sft", "batch_size": 2, "params": {"epochs": 1}}
@@ -153,7 +153,7 @@ def test_the_worker_killed_at_each_stage_recovers_by_itself(tmp_path: Path) -> N
         assert lost(store, "steady", steady.receipts, steady.reports) == []
     finally:
         store.close()
-    print(json.dumps({"recovered_s": recovered, "restarts": restarts, "found": found}))
+    measured("worker killed", {"recovered_s": recovered, "restarts": restarts, "found": found})
     assert steady.errors == [] and len(steady.receipts) > 20
     assert restarts == len(POINTS)
     for stage, violations in found.items():
