@@ -71,6 +71,7 @@ def _good(i: int, rid: str) -> dict[str, Any]:
 
 
 @pytest.mark.loop
+@pytest.mark.timeout(900)  # two servers, two trainings: 2.5 min at load 5, 5 min at load 12
 def test_a_restored_deployment_serves_the_same_head_and_learns_on(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
