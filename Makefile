@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 # venv is compiled at install (uv --compile-bytecode); Reef's own modules cache on first import.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: docs venv bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
+.PHONY: docs venv bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -78,6 +78,13 @@ test: venv bwrap
 # (2 cores: 12 min 28 s against 16 min 25 s one after another).
 test-loop: venv
 	$(BIN)/pytest -m loop -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The fault matrix (docs/reliability.md): each row injects one fault into a running system (reef
+# serve and its worker as processes, the tiny model, the machine's Postgres behind a proxy) while
+# a client sends calls and reports, and checks that nothing acknowledged is lost, no batch
+# trains twice, the chain and the candidates agree, and the loop recovers by itself.
+test-faults: venv
+	$(BIN)/pytest -m faults -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Scale-out proof: 3 reef serve replicas on one Postgres, moto S3, MLflow and Prefect servers and
 # a pool worker, all separate processes (tests/scale; 2.5-6 min on 2 cores in the 2026-12-02 CI

@@ -1,14 +1,20 @@
 """The API side of the automatic trigger: a local evolve worker process (cli.worker) that
 `reef serve` starts and tells about every report (reef.triggers, one JSON line each on its
-stdin), so training never runs in the API process."""
+stdin), so training never runs in the API process. A worker that dies (killed, out of memory)
+is started again (`revive`, every few seconds), and the new one looks at every scenario: the
+runs it lost redo what they had not finished (a batch is consumed only once its candidate is
+decided)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -16,6 +22,10 @@ from reef.settings import secret_environment, split_secrets
 from reef.triggers import Trigger, encode
 
 log = logging.getLogger("reef.api")
+
+# A worker that dies within this long of its start waits before the next one, twice as long
+# each time (up to REVIVE_MAX_S): one that cannot start is not restarted in a tight loop.
+REVIVE_QUICK_S, REVIVE_MAX_S = 10.0, 300.0
 
 
 class Evolver:
@@ -34,6 +44,10 @@ class Evolver:
         self.overrides = overrides
         self.engine_token = engine_token
         self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self._started_at = 0.0
+        self._delay_s = 0.0  # before the next restart, after quick deaths
+        self.restarts = 0
 
     def start(self) -> None:
         # Secret settings given as flags (--database-url may carry a password) go to the
@@ -56,7 +70,36 @@ class Evolver:
         if self.engine_token:
             env["REEF_REEF__ENGINE_TOKEN"] = self.engine_token
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True, env=env)
+        self._started_at = time.monotonic()
         log.info("evolve worker started (pid %d)", self._proc.pid)
+
+    def revive(self) -> bool:
+        """Start the worker again if it died (not stopped): True when it did. The new worker
+        is told to look at every scenario at once, so a batch its predecessor was training is
+        trained again without waiting for the next report."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is None:
+                return False
+            lived = time.monotonic() - self._started_at
+            if lived < REVIVE_QUICK_S:
+                if lived < self._delay_s:
+                    return False  # died quickly before: wait a while first
+                self._delay_s = min(REVIVE_MAX_S, max(2.0, 2 * self._delay_s))
+            else:
+                self._delay_s = 0.0
+            self.restarts += 1
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):  # the dead one's pipe
+                    proc.stdin.close()
+            log.warning(
+                "evolve worker (pid %d) exited with code %s: starting it again (restart %d)",
+                proc.pid,
+                proc.returncode,
+                self.restarts,
+            )
+            self.start()
+        return self._send(Trigger.scan())
 
     def exit_code(self) -> int | None:
         """None while the worker runs (or before it started); its exit code once it ended."""
@@ -87,7 +130,8 @@ class Evolver:
         return True
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        proc, self._proc = self._proc, None
+        with self._lock:  # no revive from here on
+            proc, self._proc = self._proc, None
         if proc is None:
             return
         try:

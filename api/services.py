@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 
 _SCENARIO = re.compile(SCENARIO_PATTERN)
 
+# How often the evolve worker is checked (and started again once it died).
+WORKER_CHECK_S = 2.0
+
 
 @dataclass
 class Services:
@@ -87,6 +90,7 @@ class Services:
     telemetry: Telemetry = OFF  # OTLP traces (telemetry.otlp_endpoint)
     deliverer: BackgroundTask | None = None  # webhook events (events.webhooks)
     _catch_up: asyncio.Task[list[str]] | None = field(default=None, init=False, repr=False)
+    _supervisor: BackgroundTask | None = field(default=None, init=False, repr=False)
     _unbound: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -182,6 +186,11 @@ class Services:
             await asyncio.to_thread(self.heartbeat.start)
         if self.evolver is not None:
             self.evolver.start()
+            # a worker that died is started again (api.evolver): learning needs nobody
+            self._supervisor = BackgroundTask(
+                "worker-supervisor", self.evolver.revive, every_s=WORKER_CHECK_S
+            )
+            self._supervisor.start()
         # After the worker started (it inherits the environment): its training runs upload
         # to MLflow without this process's bounds.
         tracking = self.settings.tracking
@@ -220,6 +229,8 @@ class Services:
         if self.serving.shadows is not None:
             await self.serving.shadows.drain()
             await asyncio.to_thread(self.serving.shadows.stop)
+        if self._supervisor is not None:
+            await asyncio.to_thread(self._supervisor.stop)
         if self.evolver is not None:
             await asyncio.to_thread(self.evolver.stop)
         await self.committer.aclose()

@@ -2,9 +2,10 @@
 settings it would use. Against a running server: `reef report` sends feedback on receipts,
 `reef releases|rollback|promote` and `reef rollout` read and move a scenario's head. Offline:
 `reef token` makes a token, `reef export` writes a scenario's experience to a file, `reef
-import` reads one in (OpenAI chat JSONL or an export), `reef evolve` runs the evolve flow, `reef gc` finishes scenario deletions and applies retention,
-`reef openapi` prints the HTTP API's spec, `reef completion bash|zsh` a shell completion
-script."""
+import` reads one in (OpenAI chat JSONL, OTLP/JSON GenAI spans or an export), `reef evolve`
+runs the evolve flow, `reef gc` finishes scenario deletions and applies retention, `reef
+backup` copies a deployment out and `reef restore` puts it into an empty one, `reef openapi`
+prints the HTTP API's spec, `reef completion bash|zsh` a shell completion script."""
 
 from __future__ import annotations
 
@@ -127,6 +128,35 @@ def import_experience(args: argparse.Namespace) -> int:
         print(
             f"reef: {len(result.dangling_reports)} reports quote records not in the file: {shown}"
         )
+    return 0
+
+
+def backup(args: argparse.Namespace) -> int:
+    """Copy the deployment (database, MLflow, artifacts) into a new directory."""
+    from reef.backup import backup as run
+
+    settings = load_settings(args.config, **_overrides(args))
+    out = run(settings, args.output)
+    for part in out.done:
+        print(f"reef backup: {part}")
+    for note in out.notes:
+        print(f"reef backup: note: {note}")
+    heads = out.manifest["heads"]
+    print(f"reef backup: {len(heads)} scenarios, their heads in {args.output / 'reef-backup.json'}")
+    return 0
+
+
+def restore(args: argparse.Namespace) -> int:
+    """Put a backup into an empty deployment, then check its heads are the backup's."""
+    from reef.backup import restore as run
+
+    settings = load_settings(args.config, **_overrides(args))
+    out = run(settings, args.input)
+    for part in out.done:
+        print(f"reef restore: {part}")
+    for note in out.notes:
+        print(f"reef restore: note: {note}")
+    print(f"reef restore: {len(out.manifest['heads'])} scenarios at the backup's heads")
     return 0
 
 
@@ -337,6 +367,7 @@ def parser() -> argparse.ArgumentParser:
         _chain_commands,
         _rollout_command,
         _gc_command,
+        _backup_commands,
         _openapi_command,
     ):
         add(sub)
@@ -473,6 +504,28 @@ def _gc_command(sub: Subcommands) -> None:
     c.add_argument("--state-dir", type=Path, help="state directory (default ./.reef)")
     c.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
     c.set_defaults(func=gc)
+
+
+def _backup_commands(sub: Subcommands) -> None:
+    """`reef backup` and `reef restore`: the deployment copied out, and into an empty one."""
+    b = sub.add_parser(
+        "backup",
+        help="copy the database, MLflow's SQLite store and a local artifact store into a new "
+        "directory (safe while the server runs)",
+    )
+    b.add_argument("--output", required=True, type=Path, help="a new or empty directory")
+    r = sub.add_parser(
+        "restore",
+        help="put a backup into an empty deployment (state directory, database), rewrite the "
+        "artifact paths, migrate the schema and check the heads",
+    )
+    r.add_argument("--input", required=True, type=Path, help="a directory `reef backup` wrote")
+    for c in (b, r):
+        c.add_argument("-c", "--config", type=Path, help="YAML settings file (as for reef serve)")
+        c.add_argument("--state-dir", type=Path, help="state directory (default ./.reef)")
+        c.add_argument("--database-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
+    b.set_defaults(func=backup)
+    r.set_defaults(func=restore)
 
 
 def _openapi_command(sub: Subcommands) -> None:

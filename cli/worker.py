@@ -87,6 +87,7 @@ class Worker:
                 warmup()
             except Exception as e:  # the first evolve run tries again
                 log.warning("warming up Prefect failed: %s", e)
+        self.recover()  # any scenario may have candidates: each has its own recipe
         log.info(
             "evolve worker ready (recipe %s, batch %d)",
             self.settings.reef.recipe,
@@ -94,6 +95,20 @@ class Worker:
         )
         for task in self.tasks:
             task.start()
+
+    def recover(self) -> None:
+        """What runs of a worker that died left (deploy.chain.ReleaseChain.recover), for every
+        scenario: a candidate whose head swap went through is finished even when no new batch
+        will run for its scenario."""
+        from flows.release import recover
+
+        try:
+            scenarios = self._scenarios()
+        except Exception as e:  # the database is away: the next run recovers its scenario
+            log.warning("recovering candidates on start failed: %s", e)
+            return
+        for scenario in sorted(scenarios):
+            recover(self.settings, scenario)
 
     def stop(self) -> None:
         """Stop the tasks (the triggers still waiting are dropped), then wait for the runs in

@@ -396,6 +396,32 @@ class ReleaseChain:
         return self._deploy(self._mirrored(release))
 
     # steps --------------------------------------------------------------------------------
+    def recover(self, scenario: str) -> list[str]:
+        """Finish or retire what runs that died (a killed worker) left of the scenario's
+        candidates: one on the chain but still "pending" (the run stopped between the head's
+        swap and its status) is finished as publish would (its status, the MLflow alias); one
+        the gate accepted that is not on the chain and whose parent is no longer the head can
+        never be published (its swap would fail): "failed", with why. A candidate held for a
+        human (manual gate, review) is left to them: promote puts it on today's head. Returns
+        what it did, a line each."""
+        done: list[str] = []
+        head = self.store.head_release(scenario).id
+        for cand in self.store.list_candidates(scenario, status="pending"):
+            release = self._on_chain(scenario, cand.id)
+            if release is not None:
+                self._finish(cand, release)
+                done.append(f"{cand.id}: on the chain, marked published")
+            elif cand.gate.get("status") == "accepted" and cand.parent_id != head:
+                why = "its run ended before publishing it, and the head has moved on since"
+                with contextlib.suppress(Conflict):  # decided meanwhile
+                    self.store.set_candidate_status(
+                        scenario, cand.id, "failed", expected="pending", message=why
+                    )
+                    done.append(f"{cand.id}: {why}: marked failed")
+        for line in done:
+            log.warning("recovered a candidate of %s: %s", scenario, line)
+        return done
+
     def _on_chain(self, scenario: str, release_id: str) -> Release | None:
         try:
             return self.store.get_release(scenario, release_id)

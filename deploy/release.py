@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deploy.engine import EngineTarget, Fleet
+from reef import faults
 from reef.errors import ReefError
 from reef.harness import harness_of
 from reef.records import Release
@@ -58,11 +59,13 @@ def deploy(
         verified = stage["verify"]
         # one engine's answer, or each engine's by its label
         timings["verify"] = next(iter(verified.values())) if len(verified) == 1 else verified
+    faults.reached("before_cas", release.scenario)
     try:
         published = store.publish_release(release, events)
     except BaseException:  # any failure before the head moved (HeadMoved, a kill) unstages
         fleet.unstage(name, staged)
         raise
+    faults.reached("after_cas", release.scenario)
     # The head has moved: what follows can be redone, so it never fails the deploy.
     try:
         engine.refresh(release.scenario)

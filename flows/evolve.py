@@ -27,9 +27,9 @@ from prefect import flow, get_run_logger
 
 from flows import harness, weights
 from flows.experience import consume, evaluation_samples, materialize_snapshot, validate_snapshot
-from flows.release import Registered, prefect_run, release
+from flows.release import Registered, prefect_run, recover, release
 from recipes.harness.recipe import HarnessRecipe
-from reef import evaluation_pool, events, telemetry
+from reef import evaluation_pool, events, faults, telemetry
 from reef.artifacts import artifacts_for
 from reef.datasets import Snapshot, load
 from reef.errors import NothingToTrain, ReefError
@@ -204,6 +204,11 @@ def prepare(scenario: str, settings: Settings) -> Prepared:
     store = open_store(settings.database_url)
     try:
         store.ensure_scenario(scenario)
+    finally:
+        store.close()
+    recover(settings, scenario)  # what a run that died left, before this one starts
+    store = open_store(settings.database_url)
+    try:
         head = store.head_release(scenario)
     finally:
         store.close()
@@ -225,6 +230,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
         rule=recipe.report_rule,
         tags=loop.select.tags,
     )
+    faults.reached("materialized", run.scenario)
     if snapshot.rows < loop.batch_size and not (force and snapshot.rows):
         get_run_logger().info(
             "%s: %d eligible samples of %d needed", run.scenario, snapshot.rows, loop.batch_size

@@ -29,6 +29,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from deploy.chain import ReleaseChain
+from reef import faults
 from reef.gate import Decision, GatePolicy, check_guard, decide, with_guards
 from reef.harness import Harness
 from reef.provenance import Provenance
@@ -100,6 +101,7 @@ def register_weights(
     with ReleaseChain.for_settings(settings) as chain:
         made = provenance.with_metadata(prefect_run())
         candidate = chain.add_weights_candidate(head, files, kind, decision, made)
+    faults.reached("registered", head.scenario)
     return Registered(candidate, decision)
 
 
@@ -116,6 +118,17 @@ def register_harness(
         made = provenance.with_metadata(prefect_run())
         candidate = chain.add_harness_candidate(head, harness, decision, made)
     return Registered(candidate, decision)
+
+
+def recover(settings: Settings, scenario: str) -> list[str]:
+    """What dead runs left of the scenario's candidates, finished or retired
+    (deploy.chain.ReleaseChain.recover); never fails the run that asks."""
+    try:
+        with ReleaseChain.for_settings(settings) as chain:
+            return chain.recover(scenario)
+    except Exception as e:
+        log.warning("recovering the candidates of %s failed: %s", scenario, e)
+        return []
 
 
 def prefect_run() -> dict[str, Any]:
@@ -178,7 +191,9 @@ def release(
         mlflow.set_tag("reef.rollout", settings.rollout.for_scenario(candidate.scenario).mode)
         return {"status": started.status, "release_id": started.id}
     published = deploy(settings, candidate, approval)
+    faults.reached("published", candidate.scenario)
     consumed()
+    recover(settings, candidate.scenario)
     mlflow.set_tag("reef.release_id", published.id)
     return {"status": "published", "release_id": published.id, "seq": published.seq}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from deploy.chain import ReleaseChain
 from flows.release import Registered, gate, log_gate, register_weights
 from recipes.scorers import scorer_named
+from reef import faults
 from reef.errors import NothingToTrain, ReefError
 from reef.provenance import Provenance
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
@@ -60,6 +62,12 @@ def head_files(settings: Settings, head: Release) -> Path | None:
         return chain.files(head)
 
 
+# One training in this process at a time: accelerate keeps its state per process, and two
+# trainers in two threads (two scenarios' evolve runs in one worker) reset it under each other
+# ("`AcceleratorState` object has no attribute `num_processes`", seen in tests/faults).
+_IN_PROCESS = threading.Lock()
+
+
 @task(retries=0, cache_policy=NO_CACHE)
 def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
     """recipe.train in this worker process, or in `reef.train.processes` processes under
@@ -87,7 +95,8 @@ def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
             threads=loop.train_threads,
             progress=progress,
         )
-    return recipe.train(job, progress)
+    with _IN_PROCESS:
+        return recipe.train(job, progress)
 
 
 @task(retries=0, cache_policy=NO_CACHE)
@@ -180,6 +189,7 @@ def candidate(
                 raise
             # a rank's verdict that crossed a process as a plain ReefError
             raise NothingToTrain(e.message) from None
+        faults.reached("trained", head.scenario)
         mlflow.log_metrics(trained.metrics)
         evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
         decision = gate(evaluation.candidate, evaluation.head, settings, evaluation.guards)
@@ -190,6 +200,7 @@ def candidate(
             **decision.metrics(),
         }
         log_gate(decision, evaluation.__dict__, metrics)
+        faults.reached("evaluated", head.scenario)
         made = Provenance(
             recipe=recipe.name,
             dataset_id=snapshot.content_hash,

@@ -184,3 +184,6 @@ class StoreError(ReefError):
     status = 503
     type = "server_error"
     code = "store_unavailable"
+    # Sent as Retry-After: a database that refused a write is often back within seconds (a
+    # restart, a failover), and the OpenAI and Anthropic SDKs retry a 503 after it.
+    retry_after_s = 2

@@ -114,6 +114,20 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 @pytest.fixture
+def twin_database_url(
+    database_url: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[str]:
+    """Another empty database on the same backend as `database_url`."""
+    if database_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'twin.db'}"
+        return
+    databases: _Databases = request.getfixturevalue("postgres_databases")
+    url = databases.make()
+    yield url
+    databases.drop_later(url)
+
+
+@pytest.fixture
 def store(database_url: str) -> Iterator[SQLStore]:
     """A migrated store on `database_url`."""
     s = open_store(database_url)

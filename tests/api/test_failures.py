@@ -7,12 +7,10 @@ a TCP relay the test cuts, `reef serve` as a subprocess."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 
 from cli.testing import InProcessReef
 from reef.testing.process import REEF, free_port
-from tests.reefserver import EchoUpstream
+from tests.reefserver import EchoUpstream, Relay
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -67,49 +65,6 @@ def test_learning_dependencies_down_degrade_but_serve(
         log = server.log()
         assert "readiness: mlflow is unavailable" in log
         assert "readiness: artifact_store is unavailable" in log
-
-
-class Relay:
-    """A TCP relay to `target` on a loopback port, cut (every connection closed, the port
-    closed) by `cut()`: a database that goes away under a running server."""
-
-    def __init__(self, target: tuple[str, int]):
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        with contextlib.suppress(OSError):  # wakes the accept (a close alone does not)
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for s in self.open:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
 
 
 @pytest.mark.postgres

@@ -212,3 +212,47 @@ def test_a_call_whose_variant_leaves_before_the_engine_takes_it_is_answered(
     )
     assert r.status_code == 200, r.text
     assert raced and r.headers["x-reef-release-id"] == release.id
+
+
+def test_recover_finishes_a_candidate_whose_swap_went_through(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed between the swap and the status: nobody publishes that candidate again,
+    so the next worker's recover finishes it (its status, the MLflow alias)."""
+    real = SQLStore.set_candidate_status
+
+    def dies(self: SQLStore, scenario: str, cid: str, status: str, **kw: Any) -> Candidate:
+        if status == "published":
+            raise Killed()
+        return real(self, scenario, cid, status, **kw)
+
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, "once-recovered", adapter, "accepted")
+        monkeypatch.setattr(SQLStore, "set_candidate_status", dies)
+        with pytest.raises(Killed):
+            chain.publish(cand, attempts=1)
+        monkeypatch.undo()
+    with ReleaseChain.for_settings(server.settings) as chain:  # the next worker
+        assert chain.recover("once-recovered") == [f"{cand.id}: on the chain, marked published"]
+        assert chain.store.get_candidate("once-recovered", cand.id).status == "published"
+        champion = registry.champion(server.settings.tracking_uri, "once-recovered")
+        assert champion is not None and champion[1] == cand.id
+        assert chain.recover("once-recovered") == []  # nothing left: idempotent
+
+
+def test_recover_retires_only_accepted_candidates_the_head_left_behind(
+    server: InProcessReef, adapter: Path
+) -> None:
+    """Two runs from one head: the second published, the first died after registering. Its
+    candidate can never be published (its swap names the old head): recover marks it failed.
+    A candidate held for a human stays pending: a promote puts it on today's head."""
+    with ReleaseChain.for_settings(server.settings) as chain:
+        orphan = _candidate(chain, "once-orphan", adapter, "accepted")
+        held = _candidate(chain, "once-orphan", adapter, "pending")
+        assert chain.recover("once-orphan") == []  # the head has not moved: a live run may
+        chain.publish(_candidate(chain, "once-orphan", adapter, "accepted"))
+        (line,) = chain.recover("once-orphan")
+        assert line.startswith(f"{orphan.id}: its run ended before publishing it")
+        failed = chain.store.get_candidate("once-orphan", orphan.id)
+        assert failed.status == "failed" and "head has moved on" in (failed.message or "")
+        assert chain.store.get_candidate("once-orphan", held.id).status == "pending"

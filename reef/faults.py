@@ -1,0 +1,45 @@
+"""Named points in the evolve run where the fault tests kill the process (tests/faults): off
+unless REEF_FAULTS names a point, and then the process dies by SIGKILL there, once.
+
+    REEF_FAULTS=trained@support,before_cas@billing   (point@scenario, comma-separated)
+    REEF_FAULTS_DIR=/tmp/x                             (where "once" is remembered)
+
+A kill, not an exception: nothing of the process's own clean-up runs, as when the machine
+loses power or the kernel's OOM killer picks it. The points, in a run's order: `materialized`
+(the snapshot written, nothing consumed), `trained` (the candidate's files made, nothing
+evaluated), `evaluated` (the gate decided, nothing registered), `registered` (the candidate
+and its MLflow version stored, not deployed), `before_cas` (staged and verified in the engine,
+the head not moved), `after_cas` (the head moved; the candidate's status, the MLflow alias and
+the batch's consumption not yet written), `published` (all of that written but the batch's
+consumption)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("reef.faults")
+
+ENV, DIR_ENV = "REEF_FAULTS", "REEF_FAULTS_DIR"
+POINTS = ("materialized", "trained", "evaluated", "registered", "before_cas", "after_cas")
+
+
+def reached(point: str, scenario: str) -> None:
+    """SIGKILL this process if REEF_FAULTS names `point@scenario` and it has not yet."""
+    spec = os.environ.get(ENV)
+    if not spec or f"{point}@{scenario}" not in spec.split(","):
+        return
+    where = Path(os.environ.get(DIR_ENV) or tempfile.gettempdir())
+    try:
+        os.close(os.open(where / f"reef-fault-{point}@{scenario}", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return  # killed here once already: this time the run goes on
+    log.warning("fault injected: SIGKILL at %s of %s", point, scenario)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
