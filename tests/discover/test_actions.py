@@ -204,3 +204,11 @@ def test_the_action_option_is_validated(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         parser().parse_args(["--action", "prose"])
     assert json.loads(json.dumps(actions.ACTIONS)) == ["program", "edits", "api", "coords"]
+
+
+def test_a_release_records_the_best_edit_answer_too() -> None:
+    from recipes.tttd.learner import last_program
+
+    answer = 'Here:\n```json\n[{"op": "grow", "i": 0}]\n```\nDone.'
+    assert last_program(answer) == '[{"op": "grow", "i": 0}]\n'
+    assert last_program("```python\nx = 1\n```") == "x = 1\n"
