@@ -186,11 +186,15 @@ demo: venv smollm2
 	$(BIN)/python -m demo $(DEMO_ARGS)
 
 # TTT-Discover on circle packing through Reef (SmolLM2 + LoRA, tttd recipe): TTT vs frozen
-# PUCT search vs random sampling at an equal rollout budget; DISCOVER_ARGS=--docs refreshes
-# docs/discover.png. scripts/tttd_gpu.sh runs it at N = 26 on a GPU with vLLM.
+# PUCT search vs random edits at an equal rollout budget, over 3 seeds, with the action a 135M
+# model can take (JSON edits of the parent's circles; programs stay the default of
+# `python -m demo.discover` and of scripts/tttd_gpu.sh, which runs N = 26 on a GPU with vLLM).
+# DISCOVER_ARGS="--docs" refreshes docs/discover.png; DISCOVER_ARGS replaces nothing below.
+DISCOVER_CPU ?= --action edits --n 6 --groups 2 --rollouts 4 --steps 3 --seeds 0,1,2 \
+	--max-tokens 160 --temperature 0.7 --lr 4e-5
 DISCOVER_ARGS ?=
 demo-discover: venv bwrap smollm2
-	$(BIN)/python -m demo.discover $(DISCOVER_ARGS)
+	$(BIN)/python -m demo.discover $(DISCOVER_CPU) $(DISCOVER_ARGS)
 
 # SmolLM2 learns "one sentence" from next-turn reactions alone (openclaw recipe, the judge Reef
 # ships, the default gate; REACTIONS_ARGS="--judge rule" for the arm whose judge is told the answer);

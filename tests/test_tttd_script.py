@@ -47,7 +47,7 @@ def test_the_cpu_path_prints_best_per_step(tmp_path: Path) -> None:
     assert steps[1]["next_release_id"] not in (None, steps[1]["release_id"])
     assert all(s["kl_to_base"] is not None for s in steps)
     # the archive and best program are on disk, resumable
-    run = tmp_path / "run" / "ttt"
+    run = tmp_path / "run" / "ttt-s0"  # one directory per arm and seed (--seeds, default 0)
     archive = json.loads((run / "archive.json").read_text())
     assert archive["steps_done"] == 2
     assert (run / "best.py").read_text().startswith("import numpy")

@@ -1,18 +1,23 @@
 """`python -m demo.discover`: TTT-Discover on circle packing through Reef's live inference.
 
     .venv/bin/python -m demo.discover [--n 5] [--groups 2] [--rollouts 4] [--steps 2]
-        [--arms ttt,search,random] [--model smollm2] [--archive-store DIR|s3://bucket/prefix]
-        [--state-dir DIR] [-c FILE] [--allow-weak-sandbox] [--docs] [--json]
+        [--action program|edits|api|coords] [--seeds 0,1,2] [--arms ttt,search,random]
+        [--model smollm2] [--archive-store DIR|s3://bucket/prefix] [--state-dir DIR] [-c FILE]
+        [--allow-weak-sandbox] [--docs] [--json]
 
 Starts `reef serve` (its evolve worker on, recipe `tttd`, batch = one G×R grid) and runs each
-arm in its own scenario at the same rollout budget (steps × G × R): "ttt" reports every
-verified score and waits for each step's LoRA release; "search" runs the same PUCT on the
-frozen model; "random" samples every rollout from the seeded baseline. Prints one table row
-per step and arm, writes discover.png (best archive score, mean rollout reward, KL to base)
-and summary.json in the state dir; with --json, one JSON line per step as it finishes. Each
-arm's archive, best program and step log are saved after every step in its directory and in
-the artifact store (`discover/<scenario>/`): run again with the same --state-dir, or on
-another machine with the same --archive-store, and it resumes from the last step done.
+arm, for each seed, in its own scenario at the same rollout budget (steps × G × R): "ttt"
+reports every verified score and waits for each step's LoRA release; "search" runs the same
+PUCT on the frozen model; "random" samples every rollout from the seeded baseline (the
+program action) or proposes uniformly random edits in the action's format through the same
+PUCT (edit actions; no model). What a rollout answers is `--action` (or `discover.action` in
+-c FILE; demo/discover/actions.py): `program` (default) or an edit format for small models.
+Prints one table row per step and arm (medians over the seeds, min-max), writes discover.png
+(best archive score, mean rollout reward, validity, KL to base) and summary.json in the state
+dir; with --json, one JSON line per step as it finishes. Each run's archive, best state and
+step log are saved after every step in its directory and in the artifact store
+(`discover/<scenario>/`): run again with the same --state-dir, or on another machine with the
+same --archive-store, and it resumes from the last step done.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from demo.discover.actions import ACTIONS
 from demo.discover.harness import ArchiveStore, Config, Reef, StepResult, discover
 from demo.discover.sandbox import Limits, SandboxUnavailable, boundary_for
 from demo.discover.settings import load
@@ -59,49 +66,99 @@ def server_config(cfg: Config, params: dict[str, Any], engine: dict[str, Any]) -
     }
 
 
-def plot(runs: dict[str, list[StepResult]], baseline: float, path: Path, title: str) -> Path:
+Runs = dict[str, list[list[StepResult]]]  # arm -> one step list per seed
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _per_step(results: list[list[StepResult]], field: str) -> list[list[float]]:
+    """The field's value at each step, across the seeds that reached it."""
+    steps = max((len(rs) for rs in results), default=0)
+    return [[getattr(rs[k], field) for rs in results if len(rs) > k] for k in range(steps)]
+
+
+def plot(runs: Runs, baseline: float, path: Path, title: str) -> Path:
+    """Per arm, the median over seeds at each step (the band: min to max): best verified Σr in
+    the archive, mean rollout reward, valid fraction; and each ttt seed's KL to the base."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for arm, results in runs.items():
-        steps = [r.step + 1 for r in results]
-        axes[0].plot([0, *steps], [baseline, *[r.best for r in results]], marker="o", label=arm)
-        axes[1].plot(steps, [r.mean_reward for r in results], marker="o", label=arm)
-    ttt = runs.get("ttt", [])
-    kl = [(r.step + 1, r.kl_to_base) for r in ttt if r.kl_to_base is not None]
-    if kl:
-        axes[2].plot([s for s, _ in kl], [k for _, k in kl], marker="o", color="C0", label="ttt")
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    panels = (("best", True), ("mean_reward", False), ("valid_fraction", False))
+    for color, (arm, results) in enumerate(runs.items()):
+        for ax, (field, from_seed) in zip(axes, panels, strict=False):
+            values = _per_step(results, field)
+            steps = list(range(1, len(values) + 1))
+            lo, mid, hi = ([f(v) for v in values] for f in (min, _median, max))
+            if from_seed:
+                steps, lo, mid, hi = [0, *steps], [baseline, *lo], [baseline, *mid], [baseline, *hi]
+            ax.plot(steps, mid, marker="o", color=f"C{color}", label=f"{arm} (median)")
+            ax.fill_between(steps, lo, hi, color=f"C{color}", alpha=0.15)
+    for seed, rs in enumerate(runs.get("ttt", [])):
+        kl = [(r.step + 1, r.kl_to_base) for r in rs if r.kl_to_base is not None]
+        if kl:
+            axes[3].plot(*zip(*kl, strict=True), marker="o", color="C0", alpha=0.4 + 0.2 * seed)
     axes[0].axhline(baseline, color="grey", ls=":", label="seeded baseline")
     axes[0].set(title="best verified Σr in the archive", xlabel="step")
     axes[1].set(title="mean rollout reward (invalid = 0)", xlabel="step")
-    axes[2].set(title="KL of the sampled policy to the base", xlabel="step")
+    axes[2].set(title="valid rollouts", xlabel="step", ylim=(-0.05, 1.05))
+    axes[3].set(title="ttt: KL of the sampled policy to the base", xlabel="step")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend()
+    for ax in axes[:3]:
+        ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def table(runs: dict[str, list[StepResult]], baseline: float) -> str:
+def table(runs: Runs, baseline: float) -> str:
+    """One row per arm and step: medians over the seeds (min-max for the best)."""
     lines = [
         f"baseline Σr = {baseline:.6f}",
-        "| arm | step | best Σr | mean reward | valid | seconds | KL to base |",
+        "| arm | step | best Σr, median (min-max) | mean reward | valid | seconds | KL to base |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for arm, results in runs.items():
-        for r in results:
-            kl = "–" if r.kl_to_base is None else f"{r.kl_to_base:.4g}"
+        best = _per_step(results, "best")
+        mean = _per_step(results, "mean_reward")
+        valid = _per_step(results, "valid_fraction")
+        secs = _per_step(results, "seconds")
+        kls = _per_step(results, "kl_to_base")
+        for k, b in enumerate(best):
+            kl = [x for x in kls[k] if x is not None]
             lines.append(
-                f"| {arm} | {r.step} | {r.best:.6f} | {r.mean_reward:.4f} | "
-                f"{r.valid_fraction:.0%} | {r.seconds:.1f} | {kl} |"
+                f"| {arm} | {k} | {_median(b):.6f} ({min(b):.6f}-{max(b):.6f}) | "
+                f"{_median(mean[k]):.4f} | {_median(valid[k]):.0%} | {_median(secs[k]):.1f} | "
+                + (f"{_median(kl):.4g} |" if kl else "– |")
             )
     return "\n".join(lines)
+
+
+def summarise(runs: Runs, baseline: float) -> dict[str, Any]:
+    """Per arm: each seed's final best, their median and range, how many seeds beat the
+    baseline, and the mean validity over every rollout."""
+    out: dict[str, Any] = {}
+    for arm, results in runs.items():
+        finals = [rs[-1].best for rs in results if rs]
+        rollouts = [r for rs in results for r in rs]
+        out[arm] = {
+            "best_per_seed": finals,
+            "best_median": _median(finals),
+            "best_min": min(finals, default=float("nan")),
+            "best_max": max(finals, default=float("nan")),
+            "seeds_above_baseline": sum(b > baseline for b in finals),
+            "valid_fraction": statistics.fmean(r.valid_fraction for r in rollouts)
+            if rollouts
+            else float("nan"),
+        }
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -110,6 +167,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=2, help="G: groups per step")
     p.add_argument("--rollouts", type=int, default=4, help="R: rollouts per group (>= 3)")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument(
+        "--action",
+        choices=ACTIONS,
+        help="what a rollout answers (default: discover.action of -c FILE, else program)",
+    )
+    p.add_argument("--seeds", default="0", help="comma-separated run seeds (default 0)")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated: ttt,search,random")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -145,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in args.arms.split(",") if a]
     if not set(arms) <= set(ARMS):
         p.error(f"--arms: choose from {', '.join(ARMS)}")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x]
+    except ValueError:
+        p.error("--seeds: comma-separated integers")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     state_dir = (args.state_dir or ROOT / ".reef-demo" / f"discover-{stamp}").resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -178,29 +245,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start(timeout_s=600)
         say(f"reef serve on {server.url} (state {state_dir}, log {server.log_path})")
-        say(f"programs run behind: {boundary}")
-        runs, baseline = run_arms(server, arms, args, cfg, state_dir, artifacts, say)
+        say(f"action {cfg.action}; programs run behind: {boundary}")
+        runs, baseline = run_arms(server, arms, seeds, args, cfg, state_dir, artifacts, say)
     finally:
         server.stop()
     summary = {
         "n": cfg.n,
+        "action": cfg.action,
         "grid": f"{cfg.groups}x{cfg.rollouts}",
         "steps": cfg.steps,
+        "seeds": seeds,
         "rollouts_per_arm": cfg.steps * cfg.groups * cfg.rollouts,
         "baseline": baseline,
-        "best": {arm: rs[-1].best for arm, rs in runs.items() if rs},
+        "best": {arm: summarise(runs, baseline)[arm]["best_median"] for arm in runs},
+        "arms": summarise(runs, baseline),
         "seconds": round(time.monotonic() - started, 1),
         "model": args.model,
         "params": params,
         "temperature": cfg.temperature,
-        "runs": {arm: [asdict(r) for r in rs] for arm, rs in runs.items()},
+        "runs": {arm: [[asdict(r) for r in rs] for rs in results] for arm, results in runs.items()},
     }
     (state_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     png = plot(
         runs,
         baseline,
         state_dir / "discover.png",
-        f"TTT-Discover, {cfg.n} circles, {args.model}, {cfg.groups}x{cfg.rollouts} per step",
+        f"TTT-Discover, {cfg.n} circles, {args.model}, action {cfg.action}, "
+        f"{cfg.groups}x{cfg.rollouts} x {cfg.steps} steps, seeds {args.seeds}",
     )
     if args.docs:
         shutil.copyfile(png, ROOT / "docs" / "discover.png")
@@ -208,14 +279,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"summary": {k: v for k, v in summary.items() if k != "runs"}}))
     else:
         print("\n" + table(runs, baseline), flush=True)
-        say(f"best Σr per arm: {summary['best']}; plot {png}")
+        say(f"best Σr per arm (median over seeds): {summary['best']}; plot {png}")
     return 0
 
 
 def config(args: argparse.Namespace) -> Config:
     """The run's configuration from the command line (and the weak-sandbox opt-in of -c)."""
+    settings = load(args.config)
     return Config(
         n=args.n,
+        action=args.action or settings.action,
         groups=args.groups,
         rollouts=args.rollouts,
         steps=args.steps,
@@ -223,7 +296,7 @@ def config(args: argparse.Namespace) -> Config:
         temperature=args.temperature,
         limits=Limits(
             wall_s=args.timeout,
-            allow_weak_sandbox=args.allow_weak_sandbox or load(args.config).allow_weak_sandbox,
+            allow_weak_sandbox=args.allow_weak_sandbox or settings.allow_weak_sandbox,
         ),
         judges=min(2, os.cpu_count() or 1),
     )
@@ -232,38 +305,42 @@ def config(args: argparse.Namespace) -> Config:
 def run_arms(
     server: Server,
     arms: list[str],
+    seeds: list[int],
     args: argparse.Namespace,
     cfg: Config,
     state_dir: Path,
     artifacts: ArtifactStore,
     say: Callable[[str], None],
-) -> tuple[dict[str, list[StepResult]], float]:
-    """Each arm in its own scenario, one after the other: its steps' results, and the seeded
-    baseline's score (0.0 when no arm ran)."""
-    runs: dict[str, list[StepResult]] = {}
+) -> tuple[Runs, float]:
+    """For each seed, each arm in its own scenario (`discover-<arm>-s<seed>`), one after the
+    other: each run's step results, and the seeded baseline's score (0.0 when none ran)."""
+    runs: Runs = {arm: [] for arm in arms}
     baseline = 0.0
 
     def check() -> None:
         if "evolve failed" in server.log():
             raise RuntimeError(f"the evolve worker failed:\n{server.log()[-6000:]}")
 
-    for arm in arms:
-        reef = Reef(server.url, f"discover-{arm}", args.model)
-        arm_dir = state_dir / arm
-        arm_cfg = replace(cfg, mode=arm)
+    for seed in seeds:
+        for arm in arms:
+            reef = Reef(server.url, f"discover-{arm}-s{seed}", args.model)
+            run_dir = state_dir / f"{arm}-s{seed}"
+            run_cfg = replace(cfg, mode=arm, seed=seed)  # type: ignore[arg-type]
 
-        def step_line(message: str, arm: str = arm, arm_dir: Path = arm_dir) -> None:
-            say(message)
-            if args.json and " step " in message:
-                last = json.loads((arm_dir / "steps.jsonl").read_text().splitlines()[-1])
-                print(json.dumps({"arm": arm, **last}), flush=True)
+            def step_line(
+                message: str, arm: str = arm, seed: int = seed, d: Path = run_dir
+            ) -> None:
+                say(f"[seed {seed}] {message}")
+                if args.json and " step " in message:
+                    last = json.loads((d / "steps.jsonl").read_text().splitlines()[-1])
+                    print(json.dumps({"arm": arm, "seed": seed, **last}), flush=True)
 
-        store = ArchiveStore(artifacts, reef.scenario)
-        try:
-            runs[arm] = discover(reef, arm_cfg, arm_dir, step_line, check, store)
-        finally:
-            reef.close()
-        baseline = json.loads((arm_dir / "archive.json").read_text())["states"][0]["reward"]
+            store = ArchiveStore(artifacts, reef.scenario)
+            try:
+                runs[arm].append(discover(reef, run_cfg, run_dir, step_line, check, store))
+            finally:
+                reef.close()
+            baseline = json.loads((run_dir / "archive.json").read_text())["states"][0]["reward"]
     return runs, baseline
 
 

@@ -7,13 +7,16 @@ metadata (/reef/report), update and save the archive, and — when learning — 
 evolve worker has trained that grid and deployed the new release, which serves the next step.
 
 Modes, at the same rollout budget: "ttt" (reports, Reef trains a LoRA step per grid),
-"search" (the same PUCT, no reports: the frozen base model), "random" (every rollout starts
-from the seeded baseline, no archive feedback: best-of-N sampling from the frozen model).
+"search" (the same PUCT, no reports: the frozen base model), "random": with the program action,
+every rollout starts from the seeded baseline, no archive feedback (best-of-N sampling from the
+frozen model); with an edit action (demo/discover/actions.py), the same PUCT with uniformly
+random proposals in that format instead of the model (no model at all).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import statistics
 import time
@@ -26,8 +29,9 @@ from typing import Any, Literal
 import httpx
 import openai
 
+from demo.discover import actions
 from demo.discover.archive import Archive, State
-from demo.discover.packing import Judged, baseline, judge, prompt
+from demo.discover.packing import Judged
 from demo.discover.sandbox import Limits
 from recipes.tttd.grid import grid_metadata
 from reef.artifacts import ArtifactStore
@@ -48,6 +52,12 @@ class Config:
     limits: Limits = field(default_factory=lambda: Limits(wall_s=20.0))
     judges: int = 2  # programs run at once
     release_timeout_s: float = 900.0
+    action: str = "program"  # what a rollout answers: demo/discover/actions.py
+    seed: int = 0  # the run's sampling seeds (each rollout's) and the random proposer's
+
+    def __post_init__(self) -> None:
+        if self.action not in actions.ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(actions.ACTIONS)}")
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,9 @@ class Reef:
         self.client.close()
         self.http.close()
 
-    def chat(self, messages: list[dict[str, str]], cfg: Config) -> tuple[str, str, str]:
+    def chat(
+        self, messages: list[dict[str, str]], cfg: Config, seed: int | None = None
+    ) -> tuple[str, str, str]:
         """(text, receipt, release id) of one rollout."""
         raw = self.client.chat.completions.with_raw_response.create(
             model=self.model,
@@ -94,6 +106,7 @@ class Reef:
             max_tokens=cfg.max_tokens,
             temperature=cfg.temperature,
             top_p=1.0,
+            seed=seed,
         )
         text = raw.parse().choices[0].message.content or ""
         return text, raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]
@@ -140,11 +153,12 @@ class Reef:
 
 
 def new_archive(cfg: Config) -> Archive:
-    """G seeds, each the verified baseline program, so the G groups start independent lines
-    (§3.6: the seeds are the baseline, children mostly edit its numbers)."""
+    """G seeds, each the verified baseline (a program, or its circles for an edit action), so
+    the G groups start independent lines (§3.6: the seeds are the baseline, children mostly
+    edit its numbers)."""
     archive = Archive()
-    program = baseline(cfg.n)
-    verdict = judge(f"```python\n{program}```", cfg.n, cfg.limits).verdict
+    program = actions.seed(cfg.action, cfg.n)
+    verdict = actions.verify_seed(cfg.action, program, cfg.n, cfg.limits)
     if not verdict.valid:
         raise RuntimeError(f"the baseline program is invalid: {verdict.reason}")
     for _ in range(cfg.groups):
@@ -152,8 +166,14 @@ def new_archive(cfg: Config) -> Archive:
     return archive
 
 
+def _puct(cfg: Config) -> bool:
+    """Whether the step's parents come from the PUCT archive (all but the program action's
+    random arm, which samples from the seeded baseline)."""
+    return cfg.mode != "random" or cfg.action != "program"
+
+
 def _parents(archive: Archive, cfg: Config) -> list[State]:
-    if cfg.mode == "random":
+    if not _puct(cfg):
         seeds = sorted((s for s in archive.states.values() if s.seed), key=lambda s: s.id)
         return seeds[: cfg.groups]
     return archive.select(cfg.groups)
@@ -236,31 +256,39 @@ def load_results(state_dir: Path) -> list[StepResult]:
     return [StepResult(**json.loads(line)) for line in path.read_text().splitlines() if line]
 
 
-def run_step(
-    reef: Reef, archive: Archive, cfg: Config, step: int, run_id: str
-) -> tuple[StepResult, str]:
-    """One step of G groups × R rollouts; returns its result and the serving release."""
-    started = time.monotonic()
-    parents = _parents(archive, cfg)
-    jobs = [(g, r, parents[g]) for g in range(cfg.groups) for r in range(cfg.rollouts)]
+def _answers(
+    reef: Reef, jobs: list[tuple[int, int, State]], cfg: Config, step: int
+) -> list[tuple[str, str, str]]:
+    """(text, receipt, release id) per job: the model's answers, all asked at once so the engine
+    batches them, each with its own seed; or, for an edit action's random arm, random proposals
+    in the action's format (no receipt, no release)."""
+    seeds = [cfg.seed * 1_000_003 + step * 1009 + g * 101 + r for g, r, _ in jobs]
+    if cfg.mode == "random" and cfg.action != "program":
+        return [
+            (actions.random_answer(cfg.action, random.Random(s), cfg.n, p.program or ""), "", "")
+            for s, (_, _, p) in zip(seeds, jobs, strict=True)
+        ]
+
+    def ask(job: tuple[int, int, State], seed: int) -> tuple[str, str, str]:
+        p = job[2]
+        return reef.chat(actions.prompt(cfg.action, cfg.n, p.program, p.value, p.output), cfg, seed)
+
     with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
-        answers = list(
-            ex.map(
-                lambda j: reef.chat(prompt(cfg.n, j[2].program, j[2].value, j[2].output), cfg),
-                jobs,
-            )
-        )
-    with ThreadPoolExecutor(max_workers=cfg.judges) as ex:
-        judged: list[Judged] = list(ex.map(lambda a: judge(a[0], cfg.n, cfg.limits), answers))
-    releases = {a[2] for a in answers}
-    if cfg.mode == "ttt":
-        for (g, r, _), (_, receipt, _), j in zip(jobs, answers, judged, strict=True):
-            meta = grid_metadata(step, g, r, cfg.groups, cfg.rollouts)
-            report_id = f"tttd-{run_id}-{step}-{g}-{r}"
-            reef.report(receipt, j.verdict.reward, j.verdict.reason, meta, report_id)
-    if cfg.mode != "random":
+        return list(ex.map(ask, jobs, seeds))
+
+
+def _update(
+    archive: Archive,
+    cfg: Config,
+    step: int,
+    parents: list[State],
+    jobs: list[tuple[int, int, State]],
+    judged: list[Judged],
+) -> None:
+    """The archive after the step: PUCT's update per group, or (the program action's random
+    arm) the step's best valid program added when it beats the archive."""
+    if _puct(cfg):
         for g, parent in enumerate(parents):
-            group = [(jobs[i], judged[i]) for i in range(len(jobs)) if jobs[i][0] == g]
             children = [
                 State(
                     0,
@@ -271,27 +299,38 @@ def run_step(
                     False,
                     j.verdict.reason,
                 )
-                for _, j in group
-                if j.verdict.valid
+                for (jg, _, _), j in zip(jobs, judged, strict=True)
+                if jg == g and j.verdict.valid
             ]
             archive.update(parent.id, children, cfg.rollouts, step)
-    else:
-        best = max(
-            (j for j in judged if j.verdict.valid), key=lambda j: j.verdict.reward, default=None
-        )
-        if best is not None and best.verdict.reward > archive.best().value:
-            archive.add(
-                State(
-                    0,
-                    best.program,
-                    best.verdict.reward,
-                    best.verdict.reward,
-                    None,
-                    False,
-                    best.verdict.reason,
-                    step=step,
-                )
-            )
+        return
+    best = max((j for j in judged if j.verdict.valid), key=lambda j: j.verdict.reward, default=None)
+    if best is not None and best.verdict.reward > archive.best().value:
+        v = best.verdict
+        archive.add(State(0, best.program, v.reward, v.reward, None, False, v.reason, step=step))
+
+
+def run_step(
+    reef: Reef, archive: Archive, cfg: Config, step: int, run_id: str
+) -> tuple[StepResult, str]:
+    """One step of G groups × R rollouts; returns its result and the serving release."""
+    started = time.monotonic()
+    parents = _parents(archive, cfg)
+    jobs = [(g, r, parents[g]) for g in range(cfg.groups) for r in range(cfg.rollouts)]
+    answers = _answers(reef, jobs, cfg, step)
+
+    def judge(a: tuple[tuple[str, str, str], tuple[int, int, State]]) -> Judged:
+        return actions.judge(cfg.action, a[0][0], cfg.n, a[1][2].program or "", cfg.limits)
+
+    with ThreadPoolExecutor(max_workers=cfg.judges) as ex:
+        judged: list[Judged] = list(ex.map(judge, zip(answers, jobs, strict=True)))
+    releases = {a[2] for a in answers}
+    if cfg.mode == "ttt":
+        for (g, r, _), (_, receipt, _), j in zip(jobs, answers, judged, strict=True):
+            meta = grid_metadata(step, g, r, cfg.groups, cfg.rollouts)
+            report_id = f"tttd-{run_id}-{step}-{g}-{r}"
+            reef.report(receipt, j.verdict.reward, j.verdict.reason, meta, report_id)
+    _update(archive, cfg, step, parents, jobs, judged)
     rewards = [j.verdict.reward for j in judged]
     result = StepResult(
         step=step,

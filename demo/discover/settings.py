@@ -5,6 +5,7 @@ server with its own)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,6 +21,14 @@ class DiscoverSettings(BaseModel):
         description="run programs without the bubblewrap boundary where it cannot be made "
         "(audit hook and `unshare -n` only: native code gets around them; trusted programs "
         "only). Off: the demo refuses to start there.",
+    )
+    action: Literal["program", "edits", "api", "coords"] = Field(
+        "program",
+        description="what a rollout answers: `program` (a whole Python program, the paper's "
+        "action; for models that write code), `edits` (a JSON list of edits to the parent's "
+        "circles: place/grow/nudge; parsed strictly, never executed), `api` (a few calls to "
+        "the place/grow/nudge helpers, run in the sandbox) or `coords` (the parent's circles "
+        "rewritten). `--action` overrides it.",
     )
 
 

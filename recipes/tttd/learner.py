@@ -29,7 +29,8 @@ PROGRAM_FILE = "best.py"
 # How much of the best program a release's metadata holds (the whole program is the release's
 # tttd/best.py): metadata lives in the chain's rows and every release listing returns it.
 METADATA_PROGRAM_CHARS = 8192
-_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+# Any fenced block: a python program, or an edit action's ```json list (demo/discover/actions.py).
+_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def _rollout(row: dict[str, Any]) -> GridRollout:
 
 
 def last_program(text: str) -> str | None:
-    """The last fenced python block of a completion (the program the harness ran)."""
+    """The last fenced block of a completion (the program the harness ran, or the action it
+    applied)."""
     blocks = _FENCE.findall(text)
     return blocks[-1] if blocks else None
 
