@@ -113,7 +113,10 @@ def test_the_batch_decodes_while_a_long_prompt_is_read(tiny_dir: Path) -> None:
 
             return asyncio.run(scenario())
 
-    assert tokens_during_read(0) <= 2  # read whole: the running row waits for all of it
+    # Read whole: the running row waits for all of it. The window opens at submission, so the
+    # steps decoded before the engine's loop takes the prompt up count too: a few on a busy
+    # machine (3 seen in a clean-clone run), against ~40 with chunks.
+    assert tokens_during_read(0) <= 4
     assert tokens_during_read(16) >= 10  # ~40 chunks, a decode step after each
 
 
