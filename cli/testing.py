@@ -9,17 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from reef.settings.scenarios import merged
 from reef.testing.process import Served, wait_ready
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 class _Records(logging.Handler):
@@ -61,7 +52,7 @@ class InProcessReef(Served):
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
-        self.overrides = _merge(
+        self.overrides = merged(
             {
                 "server": {"state_dir": str(self.state_dir), "port": self.port},
                 "engine": {"model": "tiny"},
