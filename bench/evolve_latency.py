@@ -158,6 +158,11 @@ class Bench:
         )
         return raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]
 
+    def ready(self) -> bool:
+        r = self.http.get(f"/reef/scenarios/{SCENARIO}/status")
+        r.raise_for_status()
+        return bool(r.json()["ready"])
+
     def head(self) -> dict[str, Any]:
         r = self.http.get(f"/reef/scenarios/{SCENARIO}/releases")
         r.raise_for_status()
@@ -184,6 +189,26 @@ class Bench:
             receipts,
             lambda i, rid: {"score": 1.0, "feedback": {"correction": correction}},
         )
+        # The gate keeps a share of the samples for its evaluation pool (gate.holdout): they
+        # never train, so a batch of batch_size may need a few more reported calls.
+        extra = 0
+        while not self.ready():
+            more = traffic(
+                self.server,
+                SCENARIO,
+                1,
+                prompt=prompt.replace("{i}", str(self.batch_size + extra)),
+                model=self.model,
+                max_tokens=8,
+                temperature=0,
+            )
+            report_all(
+                self.server,
+                SCENARIO,
+                more,
+                lambda i, rid: {"score": 1.0, "feedback": {"correction": correction}},
+            )
+            extra += 1
         t_report, m_report = time.time(), time.monotonic()
         polls = 0
         deadline, next_check = m_report + timeout_s, m_report + 2.0
