@@ -32,6 +32,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
         gate={"holdout": 0.0},
         scenarios={"team": {"reef": {"params": {"epochs": 1}}}},
     ) as srv:
+        # made here, so that each test stands alone (any order, any xdist worker)
+        made = httpx.post(f"{srv.url}/reef/scenarios", json={"name": "team"}, headers=_h(ADMIN))
+        assert made.status_code == 201, made.text
         yield srv
 
 
