@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,6 +27,21 @@ def is_json(content_type: str | None) -> bool:
     return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
+async def capped_body(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive; 413 past `limit` bytes, by the declared
+    Content-Length at once and by what arrived while reading (a lying or missing one cannot
+    make us take more)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes, above the cap of {limit} bytes")
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the cap of {limit} bytes")
+        yield chunk
+
+
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
     """The body as a JSON object; 415 unless it says it is JSON (a web page can send
     text/plain to loopback without asking first, never application/json); 413 past `limit`
@@ -37,17 +53,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             f"send the body as JSON with 'Content-Type: application/json' (got "
             f"{repr(content_type[:100]) if content_type else 'none'})"
         )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {declared} bytes, above the cap of {limit} bytes")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the cap of {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    raw = b"".join([chunk async for chunk in capped_body(request, limit)])
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
     try:

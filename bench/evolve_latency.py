@@ -174,30 +174,13 @@ class Bench:
         # head on the held-out corrections, which a head already trained on them would not lose.
         correction = f"{COLOURS[n % len(COLOURS)]}."
         rejected = self.server.log().count(REJECTED)
-        receipts = traffic(
-            self.server,
-            SCENARIO,
-            self.batch_size,
-            prompt=prompt,
-            model=self.model,
-            max_tokens=8,
-            temperature=0,
-        )
-        report_all(
-            self.server,
-            SCENARIO,
-            receipts,
-            lambda i, rid: {"score": 1.0, "feedback": {"correction": correction}},
-        )
-        # The gate keeps a share of the samples for its evaluation pool (gate.holdout): they
-        # never train, so a batch of batch_size may need a few more reported calls.
-        extra = 0
-        while not self.ready():
-            more = traffic(
+
+        def reported(calls: int, first: int) -> None:
+            receipts = traffic(
                 self.server,
                 SCENARIO,
-                1,
-                prompt=prompt.replace("{i}", str(self.batch_size + extra)),
+                calls,
+                prompt=lambda i: prompt.format(i=first + i),
                 model=self.model,
                 max_tokens=8,
                 temperature=0,
@@ -205,9 +188,16 @@ class Bench:
             report_all(
                 self.server,
                 SCENARIO,
-                more,
+                receipts,
                 lambda i, rid: {"score": 1.0, "feedback": {"correction": correction}},
             )
+
+        reported(self.batch_size, 0)
+        # The gate keeps a share of the samples for its evaluation pool (gate.holdout): they
+        # never train, so a batch of batch_size may need a few more reported calls.
+        extra = 0
+        while not self.ready():
+            reported(1, self.batch_size + extra)
             extra += 1
         t_report, m_report = time.time(), time.monotonic()
         polls = 0

@@ -12,9 +12,10 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
+from api.bodies import capped_body
 from api.contract import ScenarioPath, errors
 from api.services import caller
-from reef.errors import PayloadTooLarge, UnsupportedMediaType
+from reef.errors import UnsupportedMediaType
 from reef.evaluation_pool import fraction
 from reef.imports import import_file
 from reef.readiness import readiness
@@ -133,11 +134,7 @@ async def import_records(request: Request, scenario: ScenarioPath) -> ImportOut:
         )
     limit = svc.settings.server.max_import_bytes
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the cap of {limit} bytes")
+        async for chunk in capped_body(request, limit):
             spool.write(chunk)
         spool.flush()
         result = await asyncio.to_thread(import_file, svc.store, name, Path(spool.name))
