@@ -126,9 +126,14 @@ def _failure(work: Path, processes: int, returncode: int, output: str) -> ReefEr
             f"training rank {rank} of {processes} failed: {raised}\n"
             f"--- rank {rank} stderr (tail) ---\n{_tail(work / f'rank{rank}.stderr')}"
         )
+    # No rank raised: one died in C (gloo's abort, a signal). Its own stderr says why.
+    ranks = "".join(
+        f"--- rank {rank} stderr (tail) ---\n{_tail(work / f'rank{rank}.stderr')}\n"
+        for rank in range(processes)
+    )
     return TrainingFailed(
         f"training in {processes} processes exited with status {returncode} before a rank "
-        f"reported an error\n--- accelerate launch output (tail) ---\n{output}"
+        f"reported an error\n{ranks}--- accelerate launch output (tail) ---\n{output}"
     )
 
 
@@ -160,11 +165,26 @@ def _rank_main(work: Path) -> None:
             with partial.open("wb") as f:
                 pickle.dump(trained, f)
             partial.rename(work / "result.pkl")
+        _leave_together()
     except BaseException as e:
         traceback.print_exc()
         sys.stderr.flush()
         (work / f"rank{rank}.error").write_bytes(_portable(e))
         raise SystemExit(1) from None
+
+
+def _leave_together() -> None:
+    """Wait for every rank, then close the process group before the interpreter exits.
+
+    Rank 0 saves the candidate while the others are done: a rank that exited with its gloo
+    group still open was torn down by C++ destructors under gloo's threads, and now and then
+    aborted (SIGABRT, no Python error) while rank 0 was still writing.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _portable(error: BaseException) -> bytes:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 @dataclass(frozen=True)
 class FailingParams:
     rank: int = 1  # the rank that fails
-    how: str = "crash"  # crash: a RuntimeError | verdict: nothing_to_train
+    how: str = "crash"  # crash: a RuntimeError | verdict: nothing_to_train | abort: SIGABRT
 
 
 class FailingRecipe(WeightsRecipe):
@@ -44,6 +44,9 @@ class FailingRecipe(WeightsRecipe):
             if p.how == "verdict":
                 # recipes.training.NothingToTrain, without importing torch into the ranks
                 raise BadRequest(f"rank {p.rank} found nothing to learn", code="nothing_to_train")
+            if p.how == "abort":  # as gloo's C++ does: a line on stderr, then abort()
+                os.write(2, b"terminate called after throwing gloo::IoException on purpose\n")
+                os.abort()
             raise RuntimeError(f"rank {p.rank} broke on purpose")
         return Trained("adapter", job.out_dir)
 
@@ -67,6 +70,20 @@ def test_a_crashing_rank_fails_the_launch_with_its_stderr(tmp_path: Path) -> Non
     assert 'raise RuntimeError(f"rank {p.rank} broke on purpose")' in tail
     assert raised.value.code == "training_failed"
     assert time.monotonic() - started < 60  # the surviving rank did not hang the launch
+
+
+@pytest.mark.loop  # a real launch (~12 s on a busy 2-core machine; torch's import)
+def test_a_rank_killed_in_c_fails_the_launch_with_every_ranks_stderr(tmp_path: Path) -> None:
+    """A rank that dies without a Python error (gloo's abort, a signal) leaves no error file:
+    the failure quotes each rank's own stderr, where the C library said why."""
+    with pytest.raises(TrainingFailed) as raised:
+        launch(FailingRecipe(FailingParams(1, "abort")), job(tmp_path), processes=2, threads=1)
+    message = raised.value.message
+    assert message.startswith("training in 2 processes exited with status 1 before a rank")
+    rank1 = message.split("--- rank 1 stderr (tail) ---\n", 1)[1]
+    assert rank1.startswith("terminate called after throwing gloo::IoException on purpose")
+    assert "--- rank 0 stderr (tail) ---" in message
+    assert "--- accelerate launch output (tail) ---" in message
 
 
 @pytest.mark.loop  # a second launch (~12 s on a busy 2-core machine; torch's import)
