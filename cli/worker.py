@@ -36,10 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flows.worker import in_flight, prefect_server, preload, ready, run_job, run_once, warmup
 from reef import logs
 from reef.background import BackgroundTask
 from reef.errors import ReefError
+from reef.flows.worker import in_flight, prefect_server, preload, ready, run_job, run_once, warmup
 from reef.settings import Settings, load_settings
 from reef.triggers import Trigger, parse
 
@@ -100,7 +100,7 @@ class Worker:
         """What runs of a worker that died left (deploy.chain.ReleaseChain.recover), for every
         scenario: a candidate whose head swap went through is finished even when no new batch
         will run for its scenario."""
-        from flows.release import recover
+        from reef.flows.release import recover
 
         try:
             scenarios = self._scenarios()
@@ -190,7 +190,7 @@ class Worker:
 def judging(settings: Settings, notify: Callable[[Trigger], None]) -> BackgroundTask | None:
     """When judging is on (flows.judging), a task that judges the new turns of every scenario
     every `judge.poll_s` and triggers each scenario that got judgments."""
-    from flows.judging import Judging, judging_enabled
+    from reef.flows.judging import Judging, judging_enabled
     from reef.scenario_settings import learning_settings
 
     if not judging_enabled(settings):

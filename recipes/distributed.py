@@ -75,7 +75,7 @@ def launch(
             cmd += ["--config_file", str(accelerate_config)]
         else:
             cmd += ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
-        cmd += ["-m", "recipes.distributed", str(work)]
+        cmd += ["-m", "reef.recipes.distributed", str(work)]
         env = dict(os.environ)
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
@@ -212,6 +212,6 @@ def _progress_printer(rank: int) -> Callable[[int, int, Any], None] | None:
 if __name__ == "__main__":
     # Run as recipes.distributed, not __main__, so what a rank pickles (TrainingFailed)
     # unpickles in the worker.
-    from recipes.distributed import _rank_main as rank_main
+    from reef.recipes.distributed import _rank_main as rank_main
 
     rank_main(Path(sys.argv[1]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import types
 import typing
 from abc import ABC, abstractmethod
@@ -29,14 +30,14 @@ if TYPE_CHECKING:
 
 # Short names of the built-in recipes: one literal dict, no registry magic.
 RECIPES: dict[str, str] = {
-    "sft": "recipes.sft:SFTRecipe",
-    "kto": "recipes.kto:KTORecipe",
-    "dpo": "recipes.dpo:DPORecipe",
-    "sao": "recipes.sao.recipe:SAORecipe",
-    "grpo": "recipes.grpo:GRPORecipe",
-    "harness": "recipes.harness.recipe:HarnessRecipe",
-    "tttd": "recipes.tttd.recipe:TTTDRecipe",
-    "openclaw": "recipes.openclaw.recipe:OpenClawRecipe",
+    "sft": "reef.recipes.sft:SFTRecipe",
+    "kto": "reef.recipes.kto:KTORecipe",
+    "dpo": "reef.recipes.dpo:DPORecipe",
+    "sao": "reef.recipes.sao.recipe:SAORecipe",
+    "grpo": "reef.recipes.grpo:GRPORecipe",
+    "harness": "reef.recipes.harness.recipe:HarnessRecipe",
+    "tttd": "reef.recipes.tttd.recipe:TTTDRecipe",
+    "openclaw": "reef.recipes.openclaw.recipe:OpenClawRecipe",
 }
 
 # A scorer (reward function) as TRL takes them: completions plus the dataset's other columns
@@ -182,11 +183,22 @@ class WeightsRecipe(Recipe, ABC):
         `job.out_dir`. Runs in a worker process, never in the API process."""
 
 
+# Reef's layers as configs named them before they were one import package (`recipes.sft:...`
+# for `reef.recipes.sft:...`): such a path still finds Reef's module when Reef has it.
+_LAYERS = ("api", "cli", "deploy", "flows", "recipes")
+
+
 def import_object(path: str, what: str) -> Any:
     """`pkg.module:attr` -> the attribute; ConfigError naming `what` when it is not there."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"{what} '{path}' must be a dotted path pkg.module:Name")
+    if module_name.split(".")[0] in _LAYERS:
+        try:
+            if importlib.util.find_spec(f"reef.{module_name}") is not None:
+                module_name = f"reef.{module_name}"
+        except ImportError:
+            pass  # reef.recipes has no such subpackage: the user's own package, as written
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import docs
-from cli.main import parser
+from reef.cli import docs
+from reef.cli.main import parser
 from reef.settings import Settings, load_settings, secret_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def test_the_check_mode_names_the_command(tmp_path: Path) -> None:
     naming the file and the command that fixes it (the copy: the repository is not touched)."""
 
     def check(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "cli.docs", *args]
+        argv = [sys.executable, "-m", "reef.cli.docs", *args]
         return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
 
     ok = check("--check")
@@ -46,7 +46,7 @@ def test_the_check_mode_names_the_command(tmp_path: Path) -> None:
     (tmp_path / "cli.md").write_text((tmp_path / "cli.md").read_text() + "hand edit\n")
     out = check("--check", "--dir", str(tmp_path))
     assert out.returncode == 1
-    assert out.stderr == f"{tmp_path / 'cli.md'} is stale: run `python -m cli.docs`\n"
+    assert out.stderr == f"{tmp_path / 'cli.md'} is stale: run `python -m reef.cli.docs`\n"
 
 
 def test_every_settings_section_and_key_is_in_the_reference() -> None:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, SecretStr
 
 from reef.errors import ConfigError
+from reef.recipe import recipe_class
 from reef.settings import (
     Settings,
     conceal,
@@ -54,6 +55,9 @@ def test_seed_example_is_accepted(tmp_path: Path) -> None:
         1,
         18,
     )
+    # written before Reef's layers were one import package (reef.recipes): Reef's own module,
+    # not a second copy of it under the bare name
+    assert recipe_class("recipes.sao.recipe:SAORecipe") is recipe_class("sao")
 
 
 @pytest.mark.parametrize(
@@ -113,7 +117,7 @@ def test_upstream_needs_url() -> None:
 
 
 def test_cli_reports_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cli.main import main
+    from reef.cli.main import main
 
     assert main(["serve", "-c", str(_yaml(tmp_path, "reef:\n  bogus: 1\n"))]) == 2
     assert "unknown key 'reef.bogus'" in capsys.readouterr().err

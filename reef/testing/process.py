@@ -93,7 +93,9 @@ class ReefProcess(Served):
         port: int | None = None,
         env: dict[str, str | None] | None = None,
         log_name: str | None = None,
+        executable: str = REEF,
     ):
+        self.executable = executable  # the `reef` command (another environment's, for one)
         self.state_dir = state_dir.resolve()
         self.port = port or free_port()
         self.args = ["serve", "--port", str(self.port), "--state-dir", str(self.state_dir), *args]
@@ -116,7 +118,7 @@ class ReefProcess(Served):
         log = self.log_path.open("ab")
         # Own process group: stopping the server stops its evolve worker too.
         self.proc = subprocess.Popen(
-            [REEF, *self.args],
+            [self.executable, *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -195,9 +197,10 @@ class ReefServer(ReefProcess):
         *args: str,
         port: int | None = None,
         env: dict[str, str | None] | None = None,
+        executable: str = REEF,
     ):
         env = {"REEF_REEF__AUTO": "false", "PREFECT_API_URL": None, **(env or {})}
-        super().__init__(state_dir, *args, port=port, env=env)
+        super().__init__(state_dir, *args, port=port, env=env, executable=executable)
 
     def start(self, timeout_s: float = 120.0) -> ReefServer:
         super().start(timeout_s)

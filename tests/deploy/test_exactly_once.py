@@ -15,11 +15,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cli.testing import InProcessReef
-from deploy.candidates import promoted
-from deploy.chain import ReleaseChain
-from deploy.release import deploy
 from reef import registry
+from reef.cli.testing import InProcessReef
+from reef.deploy.candidates import promoted
+from reef.deploy.chain import ReleaseChain
+from reef.deploy.release import deploy
 from reef.errors import Conflict, EngineUnavailable, ReefError
 from reef.gate import Decision
 from reef.provenance import Provenance

