@@ -29,7 +29,7 @@ REVIVE_QUICK_S, REVIVE_MAX_S = 10.0, 300.0
 
 
 class Evolver:
-    """Starts `python -m cli.worker` and writes a trigger to it per report or job; `stop()`
+    """Starts `python -m reef.cli.worker` and writes a trigger to it per report or job; `stop()`
     closes its stdin, and the worker finishes the runs in progress and exits."""
 
     def __init__(

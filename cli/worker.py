@@ -18,7 +18,7 @@ run or a user's job. A scenario triggered while its run is in progress is looked
 that run ends. At the end of stdin (the API process is gone) the worker stops its tasks,
 finishes the runs in progress and exits.
 
-    python -m cli.worker [--config cfg.yaml] [--overrides JSON]
+    python -m reef.cli.worker [--config cfg.yaml] [--overrides JSON]
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def _in_flight_safe(flow_run_id: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cli.worker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m reef.cli.worker", description=__doc__)
     p.add_argument("--config", help="YAML settings file (as given to reef serve)")
     p.add_argument("--overrides", default="{}", help="settings from CLI flags, as JSON")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """A weights recipe's training in N processes, under `accelerate launch` (reef.train.processes).
 
 The worker (flows.weights.train) writes the recipe and its TrainJob to a work directory and
-starts `accelerate launch --num_processes N -m recipes.distributed <dir>`: accelerate starts the
+starts `accelerate launch --num_processes N -m reef.recipes.distributed <dir>`: accelerate starts the
 ranks through torch.distributed.run, every rank rebuilds the recipe and the job and runs the
 recipe's own `train`, and the transformers Trainer under it wraps the model in DDP (gloo on
 CPU, NCCL on GPUs), shards each global batch across the ranks and averages the gradients. Rank 0

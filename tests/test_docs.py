@@ -32,7 +32,7 @@ def test_the_generated_reference_is_current(path: Path) -> None:
 
 
 def test_the_check_mode_names_the_command(tmp_path: Path) -> None:
-    """`python -m cli.docs --check` passes on the committed files, and on a stale copy fails
+    """`python -m reef.cli.docs --check` passes on the committed files, and on a stale copy fails
     naming the file and the command that fixes it (the copy: the repository is not touched)."""
 
     def check(*args: str) -> subprocess.CompletedProcess[str]:

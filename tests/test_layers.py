@@ -291,6 +291,7 @@ def _top_level_names(text: str) -> list[str]:
             for listed in re.findall(r"(?:^|[;\n]\s*)import ([\w., ]+)", value):
                 names += [n.strip().split(" ")[0] for n in listed.split(",")]
             names += re.findall(r"(?:^|[;\n]\s*)from ([\w.]+) import", value)
+            names += re.findall(r"(?:^|\s)-m ([\w.]+)", value)  # python -m pkg.module
         found += [n for n in names if n.split(".")[0] in UPPER]
     return found
 
@@ -311,4 +312,5 @@ def test_nothing_imports_a_layer_by_its_bare_folder_name() -> None:
     }
     assert {path: names for path, names in bare.items() if names} == deliberate
     example = 'from flows.evolve import x\ny = "recipes.sft:SFTRecipe"\nz = "import sys, api.app"\n'
-    assert _top_level_names(example) == ["flows.evolve", "recipes.sft", "api.app"]
+    example += 'w = f"{sys.executable} -m cli.main "\n'
+    assert _top_level_names(example) == ["flows.evolve", "recipes.sft", "api.app", "cli.main"]

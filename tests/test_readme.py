@@ -3,7 +3,7 @@ order, against a real server: the Python blocks in one interpreter (a later bloc
 earlier one's names), the shell blocks in one bash (a later block uses an earlier one's
 variables). The server is `InProcessReef` on the tiny model; the README's address
 (http://127.0.0.1:8900) is rewritten to its, the model name smollm2 to tiny, and
-`.venv/bin/reef` to this interpreter's `python -m cli.main`."""
+`.venv/bin/reef` to this interpreter's `python -m reef.cli.main`."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _run(argv: list[str], code: str, server: InProcessReef, tmp: Path) -> str:
 def _script(language: str, server: InProcessReef) -> str:
     code = "\n".join(block for lang, block in BLOCKS if lang == language)
     code = code.replace(README_URL, server.url).replace('"smollm2"', '"tiny"')
-    return code.replace(".venv/bin/reef ", f"{sys.executable} -m cli.main ")
+    return code.replace(".venv/bin/reef ", f"{sys.executable} -m reef.cli.main ")
 
 
 def test_the_python_blocks_run(server: InProcessReef, tmp_path: Path) -> None:

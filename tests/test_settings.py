@@ -346,7 +346,7 @@ def _leaf_paths(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[tupl
 
 def _reference_paths() -> set[tuple[str, ...]]:
     """The (section, ..., key) of every row of docs/configuration.md's tables (generated from
-    these models by `python -m cli.docs`; tests/test_docs.py checks it is current)."""
+    these models by `python -m reef.cli.docs`; tests/test_docs.py checks it is current)."""
     out: set[tuple[str, ...]] = set()
     section: tuple[str, ...] = ()
     for line in (ROOT / "docs" / "configuration.md").read_text().splitlines():
