@@ -4,6 +4,7 @@ OpenAPI spec of that app."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import asyncio
 import json
 import logging
@@ -88,6 +89,10 @@ def serve(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         return 130
 
 
+# What the evolve worker imports that only the train extra installs.
+LOOP_MODULES = ("prefect", "trl", "datasets")
+
+
 def _evolver(
     args: argparse.Namespace, overrides: dict[str, Any], settings: Settings
 ) -> tuple[str | None, Any]:
@@ -97,6 +102,14 @@ def _evolver(
     configured = settings.reef.engine_token
     engine_token = configured.get_secret_value() if configured is not None else None
     if not settings.reef.auto:  # else the worker evolves scenarios and runs users' jobs
+        return engine_token, None
+    missing = [m for m in LOOP_MODULES if importlib.util.find_spec(m) is None]
+    if missing:  # the serve extra alone: serve and record, and say once why nothing learns
+        log.warning(
+            "learning is off: the evolve worker needs the train extra (no module %s here): "
+            "pip install 'reef-agents[train]'; serving and recording go on",
+            ", ".join(missing),
+        )
         return engine_token, None
     from reef.api.auth import new_token
     from reef.api.evolver import Evolver

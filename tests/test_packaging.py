@@ -3,6 +3,7 @@ wheel from the sdist, as a package index would), installed into fresh virtualenv
 
 - `reef-agents[client]` alone: the report client and the `reef` command's parser, no torch;
   every other command says which extra it needs in one line.
+- `reef-agents[serve]` alone: `reef serve` answers and records, and says why it does not learn.
 - `reef-agents[all]` at the lock's exact versions, beside another distribution whose import
   package is named `flows`: both import as themselves (Reef installs one top-level package,
   `reef`), and the installed `reef serve` answers the official OpenAI SDK with a receipt.
@@ -172,6 +173,41 @@ def test_all_extras_at_the_lock_install_beside_a_flows_package_and_serve(
         assert raw.parse().choices[0].message.content is not None
         record = httpx.get(f"{server.url}/reef/scenarios/packaged/records/{receipt}")
         assert record.status_code == 200 and record.json()["id"] == receipt
+
+
+@package
+def test_the_serve_extra_serves_and_records_and_says_why_nothing_learns(
+    dist: dict[str, Path], tmp_path: Path
+) -> None:
+    """`reef-agents[serve]` at the lock's versions: no Prefect or TRL; `reef serve` on its
+    defaults (the evolve worker asked for) answers and records, and logs once why it does not
+    learn instead of starting a worker that cannot import its flows."""
+    import openai
+
+    bin_ = _venv(tmp_path / "serve", "-c", LOCK, f"{dist['wheel']}[serve]")
+    site = next((tmp_path / "serve" / "lib").glob("python3*/site-packages"))
+    installed = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
+    assert {"torch", "fastapi", "transformers", "peft"} <= installed
+    assert not installed & {"prefect", "trl", "datasets", "great_expectations", "gepa"}
+
+    env = {"REEF_REEF__AUTO": "true"}
+    state = tmp_path / "state"
+    with ReefServer(state, "--model", "tiny", env=env, executable=str(bin_ / "reef")) as server:
+        client = openai.OpenAI(
+            base_url=f"{server.url}/v1",
+            api_key="none",
+            max_retries=0,
+            default_headers={"x-reef-scenario": "served"},
+        )
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
+        )
+        receipt = raw.headers["x-reef-agent-record-id"]
+        record = httpx.get(f"{server.url}/reef/scenarios/served/records/{receipt}")
+        assert record.status_code == 200
+        log = server.log()
+    assert "learning is off: the evolve worker needs the train extra" in log
+    assert "pip install 'reef-agents[train]'" in log and "Traceback" not in log
 
 
 def test_the_lock_pins_every_dependency_inside_its_range() -> None:
