@@ -4,8 +4,8 @@ OpenAPI spec of that app."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import asyncio
+import importlib.util
 import json
 import logging
 import socket
