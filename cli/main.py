@@ -326,6 +326,19 @@ def _feedback(text: str | None) -> str | dict[str, Any] | None:
     return value if isinstance(value, dict) else text
 
 
+def _metric(text: str) -> tuple[str, bool | float | str]:
+    """NAME=VALUE: true/false a boolean, a number a float, anything else a category."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError("give NAME=VALUE, e.g. helpful=true")
+    if raw.lower() in ("true", "false"):
+        return name, raw.lower() == "true"
+    try:
+        return name, float(raw)
+    except ValueError:
+        return name, raw
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -348,6 +361,7 @@ def report(args: argparse.Namespace) -> int:
                 feedback=_feedback(args.feedback),
                 report_id=args.report_id,
                 metadata=args.metadata,
+                metrics=dict(args.metric or []),
             )
         except ReefAPIError as e:
             print(f"reef: {client.base_url} answered {e}", file=sys.stderr)
@@ -570,6 +584,14 @@ def _add_report_parser(sub: Subcommands) -> None:
     )
     r.add_argument("--score", type=float, help="e.g. 1 for a thumbs up, 0 for a thumbs down")
     r.add_argument("--feedback", help='text, or a JSON object such as \'{"correction": "Paris."}\'')
+    r.add_argument(
+        "--metric",
+        action="append",
+        type=_metric,
+        metavar="NAME=VALUE",
+        help="a named metric the scenario declares (repeatable): helpful=true, accuracy=0.7, "
+        "tone=formal",
+    )
     r.add_argument("--report-id", help="idempotency key: the same id and content store once")
     r.add_argument("--metadata", type=_json_object, help="a JSON object stored with the report")
     r.add_argument("--scenario", help="the receipts' scenario (default: the server's default)")

@@ -132,9 +132,12 @@ def _report_body(
     feedback: str | dict[str, Any] | None,
     report_id: str | None,
     metadata: dict[str, Any] | None,
+    metrics: dict[str, bool | float | str] | None = None,
 ) -> dict[str, Any]:
     references = [receipts] if isinstance(receipts, str) else list(receipts)
     raw: dict[str, Any] = {"references": references, "metadata": metadata or {}}
+    if metrics:
+        raw["metrics"] = metrics
     for key, value in (("score", score), ("feedback", feedback), ("report_id", report_id)):
         if value is not None:
             raw[key] = value
@@ -209,8 +212,9 @@ class _Client:
         report_id: str | None,
         metadata: dict[str, Any] | None,
         scenario: str | None,
+        metrics: dict[str, bool | float | str] | None = None,
     ) -> _Call:
-        body = _report_body(receipts, score, feedback, report_id, metadata)
+        body = _report_body(receipts, score, feedback, report_id, metadata, metrics)
         name = scenario or self.scenario
         headers = {"x-reef-scenario": name} if name else {}
         return _Call("POST", "/reef/report", body=body, headers=headers)
@@ -295,11 +299,14 @@ class Reef(_Client):
         report_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         scenario: str | None = None,
+        metrics: dict[str, bool | float | str] | None = None,
     ) -> ReportOut:
         """Feedback on one receipt or several (`x-reef-agent-record-id` values): a `score`,
-        `feedback` (text, or an object such as `{"correction": "..."}`), or both. `report_id`
-        makes it idempotent. `created` in the answer is False for a retry of a stored report."""
-        call = self._report_call(receipts, score, feedback, report_id, metadata, scenario)
+        `feedback` (text, or an object such as `{"correction": "..."}`), named `metrics` the
+        scenario declares (`{"helpful": True, "accuracy": 0.7}`), or several of them.
+        `report_id` makes it idempotent. `created` in the answer is False for a retry of a
+        stored report."""
+        call = self._report_call(receipts, score, feedback, report_id, metadata, scenario, metrics)
         return self._send(call, ReportOut)
 
     def records(
@@ -388,9 +395,10 @@ class AsyncReef(_Client):
         report_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         scenario: str | None = None,
+        metrics: dict[str, bool | float | str] | None = None,
     ) -> ReportOut:
         """See `Reef.report`."""
-        call = self._report_call(receipts, score, feedback, report_id, metadata, scenario)
+        call = self._report_call(receipts, score, feedback, report_id, metadata, scenario, metrics)
         return await self._send(call, ReportOut)
 
     async def records(

@@ -65,6 +65,7 @@ SCHEMA = pa.schema(
                         pa.field("created_at", pa.string()),
                         # JSON text: a judgment's source, votes, raw answers and judge
                         pa.field("metadata", pa.string()),
+                        pa.field("metrics", pa.string()),  # JSON text of the named metrics
                     ]
                 )
             ),
@@ -119,6 +120,7 @@ def _row(rec: Record, reports: list[Report]) -> dict[str, Any]:
                 "references": list(r.references),
                 "created_at": r.created_at.isoformat(),
                 "metadata": dumps(r.metadata),
+                "metrics": dumps(r.metrics) if r.metrics else None,
             }
             for r in sorted(reports, key=lambda r: (r.created_at, r.id))
         ],

@@ -142,6 +142,7 @@ def _reef(row: dict[str, Any], lineno: int, base: dict[str, Any]) -> _Line:
                 "feedback": None if f.get("feedback") is None else orjson.loads(f["feedback"]),
                 "references": list(f.get("references") or [row["record_id"]]),
                 "metadata": orjson.loads(f["metadata"]) if f.get("metadata") else {},
+                "metrics": orjson.loads(f["metrics"]) if f.get("metrics") else {},
             }
             for f in row.get("feedback") or []
         ]
@@ -271,6 +272,7 @@ class _Importer:
                     score=rep.get("score"),
                     feedback=rep.get("feedback"),
                     metadata={**(rep.get("metadata") or {}), "imported": True},
+                    metrics=rep.get("metrics") or {},
                 )
             )
             self.result.reports += int(created)

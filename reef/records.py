@@ -281,15 +281,18 @@ class Report:
     score: float | None = None
     feedback: str | dict[str, Any] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, bool | float | str] = field(default_factory=dict)  # named metrics
 
     @property
     def content_hash(self) -> str:
-        """What makes two reports with the same id 'the same' (idempotent retry) or not (409)."""
-        return content_hash(
-            {
-                "references": list(self.references),
-                "score": self.score,
-                "feedback": self.feedback,
-                "metadata": self.metadata,
-            }
-        )
+        """What makes two reports with the same id 'the same' (idempotent retry) or not (409).
+        Metrics count when there are some (a report stored before they existed keeps its hash)."""
+        content: dict[str, Any] = {
+            "references": list(self.references),
+            "score": self.score,
+            "feedback": self.feedback,
+            "metadata": self.metadata,
+        }
+        if self.metrics:
+            content["metrics"] = self.metrics
+        return content_hash(content)

@@ -100,6 +100,7 @@ REPORT_SCHEMA = pa.schema(
         pa.field("score", pa.float64()),
         pa.field("feedback", pa.string()),  # JSON text of a string or an object
         pa.field("metadata", pa.string(), nullable=False),
+        pa.field("metrics", pa.string()),  # JSON text; absent from archives written before
     ]
 )
 
@@ -337,6 +338,7 @@ def _report_table(reports: Sequence[Report]) -> pa.Table:
             "score": r.score,
             "feedback": _json(r.feedback),
             "metadata": _json(r.metadata),
+            "metrics": _json(r.metrics) if r.metrics else None,
         }
         for r in reports
     ]
@@ -561,4 +563,5 @@ def archived_reports(
                 score=row["score"],
                 feedback=_loads(row["feedback"]),
                 metadata=_loads(row["metadata"]),
+                metrics=_loads(row.get("metrics")) or {},
             )

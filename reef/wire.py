@@ -162,6 +162,7 @@ class ReportIn(_Closed):
             "anyOf": [
                 {"required": ["score"], "properties": {"score": {"type": "number"}}},
                 {"required": ["feedback"], "properties": {"feedback": {"not": {"type": "null"}}}},
+                {"required": ["metrics"], "properties": {"metrics": {"minProperties": 1}}},
             ]
         },
     )
@@ -171,6 +172,11 @@ class ReportIn(_Closed):
     )
     score: Annotated[float, Field(allow_inf_nan=False)] | None = None
     feedback: str | dict[str, Any] | None = None
+    metrics: dict[str, bool | Annotated[float, Field(allow_inf_nan=False)] | str] = Field(
+        default_factory=dict,
+        description="named metrics the scenario declares (metrics.<name> in its settings): "
+        "boolean, a number in the metric's range, or one of a categorical metric's values",
+    )
     references: Annotated[list[str], Field(min_length=1, max_length=10_000)]
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -183,8 +189,8 @@ class ReportIn(_Closed):
 
     @model_validator(mode="after")
     def _says_something(self) -> ReportIn:
-        if self.score is None and self.feedback is None:
-            raise ValueError("a report needs a score, feedback, or both")
+        if self.score is None and self.feedback is None and not self.metrics:
+            raise ValueError("a report needs a score, feedback or metrics")
         return self
 
 
@@ -396,6 +402,7 @@ class ReportOut(BaseModel):
     references: list[str]
     score: float | None
     feedback: str | dict[str, Any] | None
+    metrics: dict[str, bool | float | str] = Field(default_factory=dict)
     metadata: dict[str, Any]
     created: bool = Field(True, description="false when this answers a retry of a stored report")
 

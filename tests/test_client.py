@@ -148,7 +148,7 @@ def test_errors_carry_the_servers_answer(server: InProcessReef, scenario: str) -
 
 def test_a_malformed_report_is_refused_before_it_is_sent(server: InProcessReef) -> None:
     with Reef(server.url, ADMIN) as reef:
-        with pytest.raises(BadRequest, match="needs a score, feedback, or both"):
+        with pytest.raises(BadRequest, match="needs a score, feedback or metrics"):
             reef.report("rec_x")
         with pytest.raises(BadRequest, match="references"):
             reef.report([], score=1)

@@ -32,6 +32,11 @@ class ScenarioSettingsIn(BaseModel):
     )
     gate: dict[str, Any] = Field(default_factory=dict, description="gate.* keys")
     judge: dict[str, Any] = Field(default_factory=dict, description="judge.* keys")
+    metrics: dict[str, Any] = Field(
+        default_factory=dict,
+        description="named metrics the scenario's reports may carry: "
+        "{name: {type: boolean|float|categorical, range, values}}",
+    )
     expected_version: int | None = Field(
         None,
         ge=0,
@@ -52,8 +57,8 @@ class ScenarioSettingsOut(BaseModel):
     scenario: str
     version: int = Field(description="the newest run-time version (0: none set)")
     effective: dict[str, Any] = Field(
-        description="reef, gate and judge as they apply now (configuration, then run-time "
-        "keys; secrets masked)"
+        description="reef, gate, judge and metrics as they apply now (configuration, then "
+        "run-time keys; secrets masked)"
     )
     history: list[SettingsChange] = Field(description="run-time versions, newest first (20)")
 
@@ -64,8 +69,11 @@ def _out(settings: Settings, scenario: str, versions: list[SettingsVersion]) -> 
         scenario=scenario,
         version=versions[0].version if versions else 0,
         effective={
-            section: getattr(own, section).model_dump(mode="json")
-            for section in ("reef", "gate", "judge")
+            **{
+                section: getattr(own, section).model_dump(mode="json")
+                for section in ("reef", "gate", "judge")
+            },
+            "metrics": {k: v.model_dump(mode="json") for k, v in own.metrics.items()},
         },
         history=[
             SettingsChange(
@@ -98,8 +106,8 @@ async def scenario_settings(request: Request, scenario: ScenarioPath) -> Scenari
     response_model=ScenarioSettingsOut,
     openapi_extra=reads(ScenarioSettingsIn),
     responses=errors(400, 403, 404, 409, 503, e409="another change came since expected_version"),
-    summary="Change a scenario's learning settings (recipe, batch, gate, judge) without a "
-    "restart (admin)",
+    summary="Change a scenario's learning settings (recipe, batch, gate, judge, metrics) "
+    "without a restart (admin)",
 )
 async def put_scenario_settings(request: Request, scenario: ScenarioPath) -> ScenarioSettingsOut:
     svc, principal, name = caller(request, scenario)

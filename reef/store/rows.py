@@ -128,6 +128,7 @@ def report_row(r: Report) -> dict[str, Any]:
         "references": list(r.references),
         "score": r.score,
         "feedback": r.feedback,
+        "metrics": r.metrics,
         "metadata": r.metadata,
         "content_hash": r.content_hash,
     }
@@ -143,6 +144,7 @@ def report_of(row: Row[Any]) -> Report:
         score=m["score"],
         feedback=m["feedback"],
         metadata=m["metadata"],
+        metrics=m["metrics"] or {},
     )
 
 

@@ -307,6 +307,11 @@ class ReportRow(SQLModel, table=True):
     references: list[str] = Field(sa_column=Column("references", Json, nullable=False))
     score: float | None = Field(default=None, sa_column=Column("score", Float))
     feedback: Any = Field(default=None, sa_column=Column("feedback", Json))
+    # named metrics (metrics.<name> of the scenario's settings), {} for a report without any
+    metrics: dict[str, Any] = Field(
+        default_factory=dict,
+        sa_column=Column("metrics", Json, nullable=False, server_default=text("'{}'")),
+    )
     meta: dict[str, Any] = Field(
         default_factory=dict, sa_column=Column("metadata", Json, nullable=False)
     )

@@ -190,7 +190,7 @@ def test_report(server: InProcessReef, capsys: pytest.CaptureFixture[str]) -> No
     assert main([*base, "--score", "1", "--report-id", "c1"]) == 1
     assert "409" in capsys.readouterr().err
     assert main(base) == 1
-    assert "needs a score, feedback, or both" in capsys.readouterr().err
+    assert "needs a score, feedback or metrics" in capsys.readouterr().err
 
 
 def test_an_unreachable_server_is_one_line_and_no_traceback() -> None:
