@@ -234,6 +234,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
         artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
         rule=recipe.report_rule,
         tags=loop.select.tags,
+        metric=loop.metric,
     )
     faults.reached("materialized", run.scenario)
     if snapshot.rows < loop.batch_size and not (force and snapshot.rows):
@@ -274,6 +275,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
             max_age_s=settings.gate.pool_max_age_s,
             rule=recipe.report_rule,
             tags=loop.select.tags,
+            metric=loop.metric,
         )
         if share
         else []

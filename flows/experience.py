@@ -33,10 +33,12 @@ def materialize_snapshot(
     artifacts_endpoint_url: str | None = None,
     rule: Rule = "latest",
     tags: dict[str, str] | None = None,
+    metric: str = "score",
 ) -> tuple[Snapshot, Experience]:
     """collect -> materialize; returns the snapshot and the experience it came from. `rule`
     picks the report that counts among several on the same receipts (the recipe's); `tags`
-    is the slice the recipe learns from (`reef.select.tags`)."""
+    is the slice the recipe learns from (`reef.select.tags`); `metric` what its scores are
+    (`reef.metric`)."""
     store = open_store(database_url)
     try:
         experience = collect(
@@ -47,6 +49,7 @@ def materialize_snapshot(
             max_staleness=max_staleness,
             rule=rule,
             tags=tags,
+            metric=metric,
         )
     finally:
         store.close()
@@ -100,16 +103,24 @@ def evaluation_samples(
     max_age_s: float,
     rule: Rule = "latest",
     tags: dict[str, str] | None = None,
+    metric: str = "score",
 ) -> list[dict[str, Any]]:
     """The scenario's evaluation pool as dataset rows (reef.evaluation_pool): its evaluation
-    samples of any staleness (of the slice `tags`), the newest `max_n` no older than
-    `max_age_s`."""
+    samples of any staleness (of the slice `tags`, scored by `metric`), the newest `max_n`
+    no older than `max_age_s`."""
     from reef.evaluation_pool import pool
 
     store = open_store(database_url)
     try:
         experience = collect(
-            store, scenario, kind, recipe=recipe, max_staleness=None, rule=rule, tags=tags
+            store,
+            scenario,
+            kind,
+            recipe=recipe,
+            max_staleness=None,
+            rule=rule,
+            tags=tags,
+            metric=metric,
         )
     finally:
         store.close()

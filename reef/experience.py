@@ -268,27 +268,30 @@ def _topk(records: Sequence[Record]) -> tuple[tuple[int, ...], ...] | None:
 
 
 # the rule --------------------------------------------------------------------------------
-def pick(reports: Sequence[Report], rule: Rule = "latest") -> tuple[Report, float | None]:
-    """The report that counts and the score it gives, among several on the same receipts.
+def pick(
+    reports: Sequence[Report], rule: Rule = "latest", metric: str = "score"
+) -> tuple[Report, float | None]:
+    """The report that counts and the value it gives `metric` (reef.metric: the score, or a
+    named metric), among several on the same receipts.
 
     A person's word wins over the judge's: when a report that is not a judgment (reef.judge)
-    gives a score, the judgments are left out; a scoreless human report (text the judge
+    gives a value, the judgments are left out; a valueless human report (text the judge
     turned into a score) is superseded by its judgment."""
-    if len(reports) == 1:  # the common case; every rule gives the one report's score
-        return reports[0], reports[0].score
+    if len(reports) == 1:  # the common case; every rule gives the one report's value
+        return reports[0], reports[0].value(metric)
     human = [r for r in reports if r.metadata.get("source") != "judge"]
-    if any(r.score is not None for r in human):
+    if any(r.value(metric) is not None for r in human):
         reports = human
     elif len(human) < len(reports):
         reports = [r for r in reports if r.metadata.get("source") == "judge"]
     ordered = sorted(reports, key=lambda r: (r.created_at, r.id))
     if rule == "first":
-        return ordered[0], ordered[0].score
+        return ordered[0], ordered[0].value(metric)
     if rule == "mean":
-        scores = [r.score for r in ordered if r.score is not None]
-        return ordered[-1], (sum(scores) / len(scores) if scores else None)
+        values = [v for v in (r.value(metric) for r in ordered) if v is not None]
+        return ordered[-1], (sum(values) / len(values) if values else None)
     if rule == "latest":
-        return ordered[-1], ordered[-1].score
+        return ordered[-1], ordered[-1].value(metric)
     raise BadRequest(f"unknown report rule '{rule}': use latest, first or mean")
 
 
@@ -337,13 +340,23 @@ def collect(
     rule: Rule = "latest",
     page_size: int = PAGE_SIZE,
     tags: Mapping[str, str] | None = None,
+    metric: str = "score",
 ) -> Experience:
     """The scenario's experience for `kind`, as `recipe` (whose consumption receipts count)
     would see it now. Reads only; `max_staleness=None` keeps samples of any age; `tags` keeps
-    only samples whose every record carries these tags with these values (a slice)."""
+    only samples whose every record carries these tags with these values (a slice); `metric`
+    is what a sample's score is (reef.metric: the reports' score, or a named metric)."""
     with gcpause.paused():
         return _collect(
-            store, scenario, check_kind(kind), recipe, max_staleness, rule, page_size, tags or {}
+            store,
+            scenario,
+            check_kind(kind),
+            recipe,
+            max_staleness,
+            rule,
+            page_size,
+            tags or {},
+            metric,
         )
 
 
@@ -356,6 +369,7 @@ def _collect(
     rule: Rule,
     page_size: int,
     tags: Mapping[str, str],
+    metric: str,
 ) -> Experience:
     seq_of, head_seq = _release_seqs(store, scenario)
     consumed = store.consumed_record_ids(scenario, recipe)
@@ -381,10 +395,10 @@ def _collect(
         if any(r.id in consumed for r in records):
             dropped["consumed"] += 1
             continue
-        report, score = pick(reps, rule)
+        report, score = pick(reps, rule, metric)
         if score is None or (isinstance(score, float) and math.isnan(score)):
             # a turn the judge could not judge says why (reef.judge.dropped_report)
-            dropped[str(report.metadata.get("dropped") or "no_score")] += 1
+            dropped[str(report.metadata.get("dropped") or f"no_{metric}")] += 1
             continue
         if any(r.release_id not in seq_of for r in records):
             dropped["unknown_release"] += 1

@@ -63,6 +63,7 @@ def readiness(
         recipe=loop_settings.recipe,
         max_staleness=loop_settings.max_staleness,
         tags=loop_settings.select.tags,
+        metric=loop_settings.metric,
     )
     dropped = Counter(exp.dropped)
     trainable = [s for s in exp.samples if not held_out(s, holdout)]

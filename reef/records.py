@@ -283,6 +283,16 @@ class Report:
     metadata: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, bool | float | str] = field(default_factory=dict)  # named metrics
 
+    def value(self, metric: str = "score") -> float | None:
+        """What this report gives the metric a recipe learns from (reef.metric): its score, or
+        a named boolean (1 or 0) or float metric; None when it gives none."""
+        if metric == "score":
+            return self.score
+        value = self.metrics.get(metric)
+        if isinstance(value, bool):
+            return 1.0 if value else 0.0
+        return float(value) if isinstance(value, (int, float)) else None
+
     @property
     def content_hash(self) -> str:
         """What makes two reports with the same id 'the same' (idempotent retry) or not (409).

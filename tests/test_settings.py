@@ -429,3 +429,25 @@ def test_each_scenario_learns_with_its_own_settings(tmp_path: Path) -> None:
         config.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(said)):
             load_settings(config)
+
+
+def test_reef_metric_names_score_or_a_declared_number() -> None:
+    metrics = {"helpful": {"type": "boolean"}, "tone": {"type": "categorical", "values": ["a"]}}
+    s = load_settings(None, metrics=metrics, reef={"metric": "helpful"})
+    assert s.reef.metric == "helpful"
+    assert load_settings(None).reef.metric == "score"
+    with pytest.raises(ConfigError, match="reef.metric 'accuracy' is not a declared metric"):
+        load_settings(None, metrics=metrics, reef={"metric": "accuracy"})
+    with pytest.raises(ConfigError, match="reef.metric 'tone' is categorical"):
+        load_settings(None, metrics=metrics, reef={"metric": "tone"})
+    # a scenario's own metric, declared for it alone
+    own = {"support": {"reef": {"metric": "kind"}, "metrics": {"kind": {"type": "float"}}}}
+    assert load_settings(None, scenarios=own).for_scenario("support").reef.metric == "kind"
+    with pytest.raises(ConfigError, match="scenarios.other: reef.metric 'kind'"):
+        load_settings(None, scenarios={"other": {"reef": {"metric": "kind"}}})
+    with pytest.raises(ConfigError, match=r"metrics.x: range is \[low, high\]"):
+        load_settings(None, metrics={"x": {"type": "float", "range": [2, 1]}})
+    with pytest.raises(ConfigError, match="'score' is the default metric"):
+        load_settings(None, metrics={"score": {"type": "float"}})
+    with pytest.raises(ConfigError, match="a categorical metric lists its values"):
+        load_settings(None, metrics={"x": {"type": "categorical"}})

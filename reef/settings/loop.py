@@ -87,6 +87,11 @@ class LoopSettings(Section):
     seed: int = Field(0, description="random seed of training and evaluation")
     train: TrainSettings = TrainSettings()
     select: SelectSettings = SelectSettings()
+    metric: str = Field(
+        "score",
+        description="what the recipe learns from: `score` (a report's score) or a boolean or "
+        "float metric the scenario declares (metrics.<name>; true counts 1, false 0)",
+    )
 
     @field_validator("recipe")
     @classmethod

@@ -59,3 +59,17 @@ def check_names(metrics: dict[str, MetricSettings]) -> dict[str, MetricSettings]
         if not METRIC_NAME.match(name):
             raise ValueError(f"metric name '{name}' must match {METRIC_NAME.pattern}")
     return metrics
+
+
+def check_learning_metric(metric: str, declared: dict[str, MetricSettings]) -> None:
+    """reef.metric names `score` or a declared boolean or float metric (a number to learn from)."""
+    if metric == "score":
+        return
+    spec = declared.get(metric)
+    if spec is None:
+        known = ", ".join(sorted(declared)) or "none declared"
+        raise ValueError(f"reef.metric '{metric}' is not a declared metric ({known}) nor score")
+    if spec.type == "categorical":
+        raise ValueError(
+            f"reef.metric '{metric}' is categorical: learn from a boolean or float metric"
+        )

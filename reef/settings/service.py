@@ -26,7 +26,7 @@ from reef.settings.events import EventSettings
 from reef.settings.gate import GateSettings
 from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings
-from reef.settings.metrics import MetricSettings, check_names
+from reef.settings.metrics import MetricSettings, check_learning_metric, check_names
 from reef.settings.prefect import PrefectSettings
 from reef.settings.rollout import RolloutSettings
 from reef.settings.scenarios import ScenarioSettings, merged
@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _each_scenario(self) -> Settings:
         """Every scenario's merged settings validate at load, errors naming the scenario."""
+        check_learning_metric(self.reef.metric, self.metrics)
         for name in self.scenarios:
             self.for_scenario(name)
         return self
@@ -108,8 +109,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"scenarios.{name}.{section}: {describe(e)}") from None
         if override.metrics:  # the scenario's metrics beside (or instead of) the top-level ones
             update["metrics"] = {**self.metrics, **override.metrics}
+        resolved = self.model_copy(update={**update, "scenarios": {}})
+        try:
+            check_learning_metric(resolved.reef.metric, resolved.metrics)
+        except ValueError as e:
+            raise ValueError(f"scenarios.{name}: {e}") from None
         # resolved: no per-scenario keys are left to apply (calling this again changes nothing)
-        return self.model_copy(update={**update, "scenarios": {}})
+        return resolved
 
     @classmethod
     def settings_customise_sources(

@@ -167,3 +167,22 @@ def test_metrics_survive_export_and_import(server: InProcessReef, tmp_path: Path
     finally:
         store.close()
     assert metrics in [r.metrics for r in copied]
+
+
+def test_a_scenario_learning_from_a_metric_counts_it(server: InProcessReef) -> None:
+    """reef.metric set at run time: the status route counts the reports that give it."""
+    url = f"{server.url}/reef/scenarios/learner"
+    receipts = [_receipt(server, "learner") for _ in range(3)]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    bad = httpx.put(f"{url}/settings", json={"reef": {"metric": "helpful2"}}, headers=admin)
+    assert bad.status_code == 400 and "reef.metric 'helpful2'" in bad.json()["error"]["message"]
+    put = httpx.put(
+        f"{url}/settings", json={"reef": {"metric": "helpful", "batch_size": 2}}, headers=admin
+    )
+    assert put.status_code == 200, put.text
+    for receipt, metrics in zip(receipts, [{"helpful": True}, {"accuracy": 0.5}, {}], strict=True):
+        body = {"references": [receipt], "score": 1.0, "metrics": metrics}
+        assert _post(server, "learner", body).status_code == 201
+    status = httpx.get(f"{url}/status", headers=admin).json()
+    assert (status["eligible"], status["ready"]) == (1, False)
+    assert status["dropped"]["no_helpful"] == 2

@@ -278,3 +278,39 @@ def test_a_slice_keeps_the_samples_whose_every_record_carries_its_tags(store: SQ
     assert (ready.eligible, ready.ready, ready.dropped["not_selected"]) == (3, True, 4)
     other = readiness(store, S, LoopSettings(batch_size=3, select={"tags": {"role": "executor"}}))
     assert (other.eligible, other.ready, other.awaiting_feedback) == (2, False, 0)
+
+
+def test_a_named_metric_is_what_the_recipe_learns_from(store: SQLStore) -> None:
+    """reef.metric: a sample's score is the counted report's named metric (true 1, false 0, a
+    float as it is); reports without it are dropped as no_<metric>; a person's metric wins over
+    a judgment that gives none, and the rule picks among several."""
+    base = _base(store)
+    recs = [record(S, base) for _ in range(4)]
+    store.add_records(recs)
+    t0 = utcnow()
+    store.add_report(report(S, recs[0].id, score=None, metrics={"helpful": True}))
+    store.add_report(report(S, recs[1].id, score=0.2, metrics={"helpful": False, "accuracy": 0.4}))
+    store.add_report(report(S, recs[2].id, score=1.0))  # no helpful: dropped under it
+    judged = report(S, recs[3].id, score=1.0, created_at=t0, metadata={"source": "judge"})
+    person = report(S, recs[3].id, score=None, created_at=t0, metrics={"accuracy": 0.9})
+    later = report(
+        S, recs[3].id, score=None, created_at=t0 + timedelta(seconds=1), metrics={"accuracy": 0.5}
+    )
+    for rep in (judged, person, later):
+        store.add_report(rep)
+
+    helpful = collect(store, S, "scored", recipe="kto", metric="helpful")
+    assert {s.record_ids[0]: s.score for s in helpful.samples} == {recs[0].id: 1.0, recs[1].id: 0.0}
+    assert helpful.dropped == Counter({"no_helpful": 2})
+    accuracy = collect(store, S, "scored", recipe="kto", metric="accuracy")
+    scores = {s.record_ids[0]: s.score for s in accuracy.samples}
+    assert scores == {recs[1].id: 0.4, recs[3].id: 0.5}  # the latest person's, not the judge's
+    first = collect(store, S, "scored", recipe="kto", metric="accuracy", rule="first")
+    assert {s.record_ids[0]: s.score for s in first.samples}[recs[3].id] == 0.9
+    # the default metric is the score, as before
+    plain = collect(store, S, "scored", recipe="kto")
+    assert {s.record_ids[0]: s.score for s in plain.samples}[recs[3].id] == 1.0  # only the judge's
+    # readiness counts what the loop's metric gives
+    ready = readiness(store, S, LoopSettings(batch_size=2, metric="helpful"))
+    assert (ready.eligible, ready.ready) == (2, True)
+    assert ready.dropped["no_helpful"] == 2
