@@ -436,14 +436,14 @@ def test_reef_metric_names_score_or_a_declared_number() -> None:
     s = load_settings(None, metrics=metrics, reef={"metric": "helpful"})
     assert s.reef.metric == "helpful"
     assert load_settings(None).reef.metric == "score"
-    with pytest.raises(ConfigError, match="reef.metric 'accuracy' is not a declared metric"):
+    with pytest.raises(ConfigError, match=r"reef\.metric 'accuracy' is not a declared metric"):
         load_settings(None, metrics=metrics, reef={"metric": "accuracy"})
-    with pytest.raises(ConfigError, match="reef.metric 'tone' is categorical"):
+    with pytest.raises(ConfigError, match=r"reef\.metric 'tone' is categorical"):
         load_settings(None, metrics=metrics, reef={"metric": "tone"})
     # a scenario's own metric, declared for it alone
     own = {"support": {"reef": {"metric": "kind"}, "metrics": {"kind": {"type": "float"}}}}
     assert load_settings(None, scenarios=own).for_scenario("support").reef.metric == "kind"
-    with pytest.raises(ConfigError, match="scenarios.other: reef.metric 'kind'"):
+    with pytest.raises(ConfigError, match=r"scenarios\.other: reef\.metric 'kind'"):
         load_settings(None, scenarios={"other": {"reef": {"metric": "kind"}}})
     with pytest.raises(ConfigError, match=r"metrics.x: range is \[low, high\]"):
         load_settings(None, metrics={"x": {"type": "float", "range": [2, 1]}})
