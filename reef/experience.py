@@ -15,6 +15,9 @@ Each candidate sample is then checked, and a failing one is dropped alone with o
 reason (the first that applies, in this order):
 
 - "missing_record":  a quoted record is not in the scenario any more;
+- "incomplete":      a quoted record is a stream cut before its end (reef.records.INCOMPLETE_TAG):
+                     its answer is only what was streamed before the engine failed or the
+                     client left;
 - "not_selected":    with `tags` (the loop's `reef.select`), a record lacks one of them: the
                      sample belongs to another agent, role or user of the scenario;
 - "consumed":        a record was already trained on by this recipe (consumption receipts);
@@ -57,7 +60,15 @@ import orjson
 from reef import gcpause, responses
 from reef.anthropic import assistant_message, to_openai
 from reef.errors import BadRequest
-from reef.records import IMPORTED_TAG, Consumption, Record, Report, content_hash, utcnow
+from reef.records import (
+    IMPORTED_TAG,
+    INCOMPLETE_TAG,
+    Consumption,
+    Record,
+    Report,
+    content_hash,
+    utcnow,
+)
 from reef.samples import (
     Kind,
     PreferenceSample,
@@ -373,6 +384,9 @@ def _collect(
         records = [wanted[rid] for rid in key if rid in wanted]
         if len(records) != len(key):
             dropped["missing_record"] += 1
+            continue
+        if any(INCOMPLETE_TAG in r.tags for r in records):
+            dropped["incomplete"] += 1
             continue
         if selected and any(not selected <= r.tags.items() for r in records):
             dropped["not_selected"] += 1
