@@ -26,7 +26,13 @@ from typing import Any, cast
 from prefect import flow, get_run_logger
 
 from flows import harness, weights
-from flows.experience import consume, evaluation_samples, materialize_snapshot, validate_snapshot
+from flows.experience import (
+    batch_receipts,
+    consume,
+    evaluation_samples,
+    materialize_snapshot,
+    validate_snapshot,
+)
 from flows.release import Registered, prefect_run, recover, release
 from recipes.harness.recipe import HarnessRecipe
 from reef import evaluation_pool, events, faults, telemetry
@@ -349,9 +355,9 @@ def release_candidate(
     candidate, decision = registered.candidate, registered.decision
 
     # The batch is consumed once the run has decided its candidate (rejected, declined, or
-    # published); a run that fails before that leaves it eligible, so it is tried again.
-    def consumed() -> None:
-        consume(run.settings.database_url, batch.experience, batch.trained_ids, candidate.id)
+    # published: then in the head's swap); a run that fails before that leaves it eligible,
+    # so it is tried again.
+    receipts = batch_receipts(batch.experience, batch.trained_ids, candidate.id)
 
     result: dict[str, Any] = {
         "status": candidate.status,
@@ -361,4 +367,4 @@ def release_candidate(
         "dataset": batch.snapshot.manifest(),
         "run_id": run_id,
     }
-    return {**result, **release(run.settings, registered, consumed)}
+    return {**result, **release(run.settings, registered, receipts)}

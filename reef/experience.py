@@ -539,15 +539,24 @@ def _pairs(
 
 
 # consumption ---------------------------------------------------------------------
+def receipts(
+    scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
+) -> list[Consumption]:
+    """The consumption receipts for every record of `samples` (trained on in `batch_id`): once
+    stored, later or repeated feedback never trains them again for `recipe`. A published
+    batch's are stored with its release's compare-and-swap (ReleaseChain.publish)."""
+    now = utcnow()
+    ids = sorted({rid for s in samples for rid in s.record_ids})
+    return [Consumption(scenario, recipe, rid, batch_id, now) for rid in ids]
+
+
 def consume(
     store: ReportStore, scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
 ) -> int:
-    """Write consumption receipts for every record of `samples` (trained on in `batch_id`), so
-    later or repeated feedback never trains them again for `recipe`. Returns receipts written."""
-    now = utcnow()
-    ids = sorted({rid for s in samples for rid in s.record_ids})
-    store.add_consumptions([Consumption(scenario, recipe, rid, batch_id, now) for rid in ids])
-    return len(ids)
+    """Write the consumption receipts of `samples` (`receipts`). Returns receipts written."""
+    made = receipts(scenario, recipe, samples, batch_id)
+    store.add_consumptions(made)
+    return len(made)
 
 
 def dumps(obj: Any) -> str:
