@@ -185,3 +185,35 @@ def test_a_responses_stream_closed_early_leaves_its_record(
     assert record["route"] == "responses"
     assert record["tags"]["reef.incomplete"] == "stream_closed"
     assert record["response"]["status"] == "incomplete"
+
+
+def test_a_retry_of_a_cut_turn_forks_the_conversation(front: InProcessReef, scenario: str) -> None:
+    """The cut answer holds its turn of the session; the retry is a second answer to that
+    turn, a fork (a new session naming the same parent), as any second answer is."""
+    client = _client(front, scenario)
+    first = client.chat.completions.with_raw_response.create(
+        model="echo", messages=[{"role": "user", "content": "hello"}]
+    )
+    turn0 = _record(front, scenario, first.headers["x-reef-agent-record-id"])
+    history: Any = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": first.parse().choices[0].message.content},
+        {"role": "user", "content": WORDS},
+    ]
+    with client.chat.completions.with_streaming_response.create(
+        model="echo", messages=history, stream=True, extra_body=SLOW
+    ) as response:
+        cut_id = response.headers["x-reef-agent-record-id"]
+        for n, _ in enumerate(response.parse()):
+            if n == 2:
+                break
+    cut = _record(front, scenario, cut_id)
+    retried = client.chat.completions.with_raw_response.create(model="echo", messages=history)
+    retry = _record(front, scenario, retried.headers["x-reef-agent-record-id"])
+    assert (cut["session_id"], cut["turn"], cut["parent_id"]) == (
+        turn0["session_id"],
+        1,
+        turn0["id"],
+    )
+    assert retry["parent_id"] == turn0["id"] and retry["turn"] == 1
+    assert retry["session_id"] != turn0["session_id"]  # the fork
