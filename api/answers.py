@@ -11,10 +11,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from api.auth import PRINCIPAL
-from api.bodies import call_headers
-from api.errors import error_body
-from api.services import Services
+from reef.api.auth import PRINCIPAL
+from reef.api.bodies import call_headers
+from reef.api.errors import error_body
+from reef.api.services import Services
 from reef.errors import ReefError
 from reef.records import Candidate, Record, Release, Scenario
 from reef.serving import Call

@@ -14,11 +14,11 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 import reef
-from api import contract, errors, ui
-from api.evolver import Evolver
-from api.guard import BrowserGuard, allowed_hosts
-from api.metrics import MetricsMiddleware
-from api.routes import (
+from reef.api import contract, errors, ui
+from reef.api.evolver import Evolver
+from reef.api.guard import BrowserGuard, allowed_hosts
+from reef.api.metrics import MetricsMiddleware
+from reef.api.routes import (
     anthropic,
     engine_admin,
     experience,
@@ -29,9 +29,9 @@ from api.routes import (
     responses,
     scenario_settings,
 )
-from api.routes import reef as reef_routes
-from api.routes import rollouts as rollout_routes
-from api.services import Services
+from reef.api.routes import reef as reef_routes
+from reef.api.routes import rollouts as rollout_routes
+from reef.api.services import Services
 from reef.engines.base import Engine
 from reef.settings import Settings
 from reef.store.base import Store

@@ -11,7 +11,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from api.errors import from_validation
+from reef.api.errors import from_validation
 from reef.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from reef.wire import ID_PATTERN, RESERVED_TAG_PREFIX
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from api.evolver import Evolver
 from reef.admission import Admission
+from reef.api.evolver import Evolver
 from reef.artifacts import ArtifactStore
 from reef.engines.base import Engine
 from reef.registry.clients import ping_tracking

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.auth import PRINCIPAL
+from reef.api.auth import PRINCIPAL
 from reef.errors import BadRequest, ReefError
 from reef.records import new_id
 

@@ -29,7 +29,7 @@ REVIVE_QUICK_S, REVIVE_MAX_S = 10.0, 300.0
 
 
 class Evolver:
-    """Starts `python -m cli.worker` and writes a trigger to it per report or job; `stop()`
+    """Starts `python -m reef.cli.worker` and writes a trigger to it per report or job; `stop()`
     closes its stdin, and the worker finishes the runs in progress and exits."""
 
     def __init__(
@@ -53,7 +53,13 @@ class Evolver:
         # Secret settings given as flags (--database-url may carry a password) go to the
         # worker in its environment, which only its user can read; any user can read argv.
         public, secret = split_secrets(self.overrides)
-        cmd = [sys.executable, "-m", "cli.worker", "--overrides", json.dumps(public, default=str)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "reef.cli.worker",
+            "--overrides",
+            json.dumps(public, default=str),
+        ]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         env = dict(os.environ)

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import error_body
-from api.metrics import Metrics
+from reef.api.errors import error_body
+from reef.api.metrics import Metrics
 from reef.errors import Forbidden, MisdirectedRequest, ReefError
 from reef.settings import ServerSettings, host_name
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from deploy import rollout
-from deploy.chain import ReleaseChain
 from reef.background import BackgroundTask
+from reef.deploy import rollout
+from reef.deploy.chain import ReleaseChain
 from reef.errors import ReefError
 from reef.rollouts import Rollouts
 from reef.settings import RolloutSettings

@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
-from api import registration
-from api.auth import Authenticator, Principal
-from api.dependencies import Dependencies
-from api.evolver import Evolver
-from api.metrics import AdmissionCollector, Metrics
-from api.quotas import QuotaCollector, QuotaGate
-from api.readiness_metrics import ReadinessCollector
-from api.rollouts import watcher as rollout_watcher
-from api.telemetry_metrics import TelemetryCollector
-from deploy.chain import ReleaseChain
-from deploy.engine import EngineTarget, Fleet, engines_for
 from reef import events
 from reef.admission import Admission
+from reef.api import registration
+from reef.api.auth import Authenticator, Principal
+from reef.api.dependencies import Dependencies
+from reef.api.evolver import Evolver
+from reef.api.metrics import AdmissionCollector, Metrics
+from reef.api.quotas import QuotaCollector, QuotaGate
+from reef.api.readiness_metrics import ReadinessCollector
+from reef.api.rollouts import watcher as rollout_watcher
+from reef.api.telemetry_metrics import TelemetryCollector
 from reef.artifacts import ArtifactStore, artifacts_for
 from reef.background import BackgroundTask
 from reef.deletion import Cleaner
+from reef.deploy.chain import ReleaseChain
+from reef.deploy.engine import EngineTarget, Fleet, engines_for
 from reef.engines.base import Deployable, Engine
 from reef.errors import BadRequest, ServiceUnavailable
 from reef.harness import HarnessCache

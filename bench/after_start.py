@@ -51,13 +51,13 @@ BUCKET_S = 10.0
 
 
 def worker_pid(server: int) -> int | None:
-    """The evolve worker among the server's children (`python -m cli.worker`)."""
+    """The evolve worker among the server's children (`python -m reef.cli.worker`)."""
     for child in Path(f"/proc/{server}/task/{server}/children").read_text().split():
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"cli.worker" in cmdline:
+        if b"reef.cli.worker" in cmdline:
             return int(child)
     return None
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 def collections(rounds: int) -> dict[str, list[float]]:
     """Seconds per gc.collect() with the worker's imports, before and after gc.freeze()."""
-    from flows import evolve  # noqa: F401
-    from flows.worker import preload
+    from reef.flows import evolve  # noqa: F401
+    from reef.flows.worker import preload
 
     preload()  # imports, then freezes them: unfreeze to measure the old way first
     gc.unfreeze()
@@ -56,9 +56,9 @@ def evaluations(base: Path, rounds: int) -> dict[str, list[float]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipes import evaluate as ev
-    from recipes import training
     from reef.recipe import TrainJob, WeightsRecipe, load_recipe
+    from reef.recipes import evaluate as ev
+    from reef.recipes import training
 
     def question(i: int) -> list[dict[str, Any]]:
         return [{"role": "user", "content": f"Bench question {i}: name a colour."}]

@@ -41,12 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from demo.preference import HELD_OUT_KEYS, correct
 from demo.reactions import messages, passes, questions, react, report, rule_judge
-from recipes.openclaw.learner import OpenClawLearner
-from recipes.openclaw.recipe import Mode, OpenClawParams
-from recipes.openclaw.turns import JudgedTurn
 from reef.engines.base import CAPTURE_TOPK
 from reef.judge import Exchange, Judge, dispatch
 from reef.models import resolve_model
+from reef.recipes.openclaw.learner import OpenClawLearner
+from reef.recipes.openclaw.recipe import Mode, OpenClawParams
+from reef.recipes.openclaw.turns import JudgedTurn
 
 ARMS = ("combined", "rl", "opd")
 # Besides the modes: combined without §2.2's anchor teacher (OpenClawParams.anchor = False).

@@ -33,14 +33,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recipes.sao.critic import CriticLora, load_critic
-from recipes.sao.learner import SAOLearner
-from recipes.sao.objective import explained_variance
-from recipes.sao.recipe import SAOParams
-from recipes.sao.rollouts import Rollout
-from recipes.training import load_policy, lora_from
 from reef.models import resolve_model
 from reef.recipe import TrainJob
+from reef.recipes.sao.critic import CriticLora, load_critic
+from reef.recipes.sao.learner import SAOLearner
+from reef.recipes.sao.objective import explained_variance
+from reef.recipes.sao.recipe import SAOParams
+from reef.recipes.sao.rollouts import Rollout
+from reef.recipes.training import load_policy, lora_from
 
 INSTRUCTION = "Reply with only the number, nothing else."
 

@@ -72,7 +72,7 @@ class Answer:
 
 def policy_for(base: Path, parent: Path | None) -> tuple[Any, Any]:
     """The release `parent` (an adapter) on the base model, as the trainers load it."""
-    from recipes.training import LoraParams, load_policy
+    from reef.recipes.training import LoraParams, load_policy
 
     job = TrainJob(
         "bench",

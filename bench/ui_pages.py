@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import httpx  # noqa: E402
 
-from cli.testing import InProcessReef  # noqa: E402
+from reef.cli.testing import InProcessReef  # noqa: E402
 from reef.records import Record, Report, new_id  # noqa: E402
 from reef.store.browse import id_at  # noqa: E402
 from reef.store.sql import SQLStore, open_store  # noqa: E402

@@ -77,7 +77,7 @@ QUOTA_TOKEN = "reef-bench-quota-token"
 # test that cannot decide during the bench (the candidate stays live).
 SHADOW_ENV = {
     "REEF_ROLLOUT__MODE": "shadow",
-    "REEF_ROLLOUT__SHADOW__SCORER": "recipes.scorers:at_most_five_words",
+    "REEF_ROLLOUT__SHADOW__SCORER": "reef.recipes.scorers:at_most_five_words",
     "REEF_ROLLOUT__MIN_SAMPLES": "1000000000",
 }
 
@@ -416,7 +416,7 @@ def start_reef(
 
 def _chain(state_dir: Path, url: str) -> Any:
     sys.path.insert(0, str(ROOT))
-    from deploy.chain import ReleaseChain
+    from reef.deploy.chain import ReleaseChain
     from reef.settings import load_settings
 
     port = int(url.rsplit(":", 1)[1])
@@ -427,7 +427,7 @@ def _chain(state_dir: Path, url: str) -> Any:
 def start_shadow(state_dir: Path, url: str, rules: str) -> str:
     """Make a harness candidate (`rules` injected) the default scenario's live shadow, through
     the one release path the flows use; returns its id."""
-    from deploy import rollout
+    from reef.deploy import rollout
     from reef.gate import Decision
     from reef.harness import Harness
     from reef.provenance import Provenance
@@ -443,7 +443,7 @@ def start_shadow(state_dir: Path, url: str, rules: str) -> str:
 
 
 def end_shadow(state_dir: Path, url: str) -> None:
-    from deploy import rollout
+    from reef.deploy import rollout
 
     with _chain(state_dir, url) as chain:
         scenario = chain.settings.server.default_scenario
@@ -654,7 +654,7 @@ def limiter_cost_us(calls: int = 3000) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
     from prometheus_client import CollectorRegistry
 
-    from api.quotas import QuotaGate
+    from reef.api.quotas import QuotaGate
     from reef.settings import QuotaSettings, TokenSettings
     from reef.store.sql import open_store
 

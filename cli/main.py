@@ -58,13 +58,13 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from cli.serve import serve as run
+    from reef.cli.serve import serve as run
 
     return run(args, _overrides(args))
 
 
 def token(args: argparse.Namespace) -> int:
-    from api.auth import hash_token, new_token
+    from reef.api.auth import hash_token, new_token
 
     secret = new_token()
     entry: dict[str, Any] = {"name": args.name, "sha256": hash_token(secret)}
@@ -79,7 +79,7 @@ def token(args: argparse.Namespace) -> int:
 
 
 def openapi(args: argparse.Namespace) -> int:
-    from cli.serve import openapi as write
+    from reef.cli.serve import openapi as write
 
     return write(args)
 
@@ -162,14 +162,14 @@ def restore(args: argparse.Namespace) -> int:
 
 def evolve(args: argparse.Namespace) -> int:
     """Run the evolve flow for a scenario now (or submit a deployment run to a Prefect server)."""
-    from flows.worker import run_once, tie_temporary_server
+    from reef.flows.worker import run_once, tie_temporary_server
 
     tie_temporary_server()  # a Prefect temporary server, if one starts, dies with the command
     overrides = _overrides(args)
     settings = load_settings(args.config, **overrides)
     config = str(args.config) if args.config else None
     if args.force:
-        from flows.evolve import evolve as flow
+        from reef.flows.evolve import evolve as flow
 
         # secrets reach the in-process flow as SecretStr: Prefect stores them masked
         result = flow(args.scenario, config=config, overrides=conceal(overrides), force=True)
@@ -222,7 +222,7 @@ def gc(args: argparse.Namespace) -> int:
 
 
 def _admin_call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    from deploy.engine import EngineAdmin
+    from reef.deploy.engine import EngineAdmin
 
     settings = load_settings(args.config, **_overrides(args))
     admin = EngineAdmin(args.url or settings.engine_url, args.token, timeout_s=600)
@@ -340,7 +340,7 @@ def show_config(args: argparse.Namespace) -> int:
     """The settings `reef serve` would run with here, secrets masked."""
     import yaml
 
-    from cli.config import masked
+    from reef.cli.config import masked
 
     settings = load_settings(args.config, **_overrides(args))
     source = f"< {args.config} " if args.config else ""

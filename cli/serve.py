@@ -20,7 +20,7 @@ from reef.errors import ReefError
 from reef.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from api.services import Services
+    from reef.api.services import Services
 
 log = logging.getLogger("reef")
 
@@ -56,7 +56,7 @@ def serve(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     line on stderr and exit status 1, never a traceback; "serving on" is printed only once the
     store, the engine and the socket are ready."""
     logs.quiet_progress_bars()  # before transformers and the worker read the variables
-    from api.app import create_app
+    from reef.api.app import create_app
 
     settings = load_settings(args.config, **overrides)
     logs.configure(settings.server.log_level, settings.server.log_format)
@@ -98,8 +98,8 @@ def _evolver(
     engine_token = configured.get_secret_value() if configured is not None else None
     if not settings.reef.auto:  # else the worker evolves scenarios and runs users' jobs
         return engine_token, None
-    from api.auth import new_token
-    from api.evolver import Evolver
+    from reef.api.auth import new_token
+    from reef.api.evolver import Evolver
 
     # Without one configured, the worker's deploys come back to this server's admin routes
     # with a token that lives as long as the process, handed over in the worker's
@@ -176,7 +176,7 @@ def _one_line(e: BaseException) -> str:
 def openapi(args: argparse.Namespace) -> int:
     import tempfile
 
-    from api.app import create_app
+    from reef.api.app import create_app
     from reef.engines.upstream import UpstreamEngine
 
     # The spec needs an app, not a running one: nothing here is started or connected.

@@ -68,8 +68,8 @@ class InProcessReef(Served):
     def start(self, timeout_s: float = 120.0) -> InProcessReef:
         import uvicorn
 
-        from api.app import create_app
-        from cli.serve import build_engine
+        from reef.api.app import create_app
+        from reef.cli.serve import build_engine
         from reef.settings import load_settings
 
         self.settings = load_settings(self.config, **self.overrides)

@@ -18,7 +18,7 @@ run or a user's job. A scenario triggered while its run is in progress is looked
 that run ends. At the end of stdin (the API process is gone) the worker stops its tasks,
 finishes the runs in progress and exits.
 
-    python -m cli.worker [--config cfg.yaml] [--overrides JSON]
+    python -m reef.cli.worker [--config cfg.yaml] [--overrides JSON]
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flows.worker import in_flight, prefect_server, preload, ready, run_job, run_once, warmup
 from reef import logs
 from reef.background import BackgroundTask
 from reef.errors import ReefError
+from reef.flows.worker import in_flight, prefect_server, preload, ready, run_job, run_once, warmup
 from reef.settings import Settings, load_settings
 from reef.triggers import Trigger, parse
 
@@ -100,7 +100,7 @@ class Worker:
         """What runs of a worker that died left (deploy.chain.ReleaseChain.recover), for every
         scenario: a candidate whose head swap went through is finished even when no new batch
         will run for its scenario."""
-        from flows.release import recover
+        from reef.flows.release import recover
 
         try:
             scenarios = self._scenarios()
@@ -190,7 +190,7 @@ class Worker:
 def judging(settings: Settings, notify: Callable[[Trigger], None]) -> BackgroundTask | None:
     """When judging is on (flows.judging), a task that judges the new turns of every scenario
     every `judge.poll_s` and triggers each scenario that got judgments."""
-    from flows.judging import Judging, judging_enabled
+    from reef.flows.judging import Judging, judging_enabled
     from reef.scenario_settings import learning_settings
 
     if not judging_enabled(settings):
@@ -328,7 +328,7 @@ def _in_flight_safe(flow_run_id: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cli.worker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m reef.cli.worker", description=__doc__)
     p.add_argument("--config", help="YAML settings file (as given to reef serve)")
     p.add_argument("--overrides", default="{}", help="settings from CLI flags, as JSON")
     args = p.parse_args(argv)

@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deploy.candidates import (
+from reef import events, registry
+from reef.artifacts import ArtifactStore, artifacts_for
+from reef.deploy.candidates import (
     harness_candidate,
     harness_release,
     harness_version,
@@ -36,10 +38,8 @@ from deploy.candidates import (
     weights_candidate,
     weights_version,
 )
-from deploy.engine import EngineTarget, Fleet, engines_for
-from deploy.release import deploy
-from reef import events, registry
-from reef.artifacts import ArtifactStore, artifacts_for
+from reef.deploy.engine import EngineTarget, Fleet, engines_for
+from reef.deploy.release import deploy
 from reef.errors import BadRequest, Conflict, NotFound, ReefError
 from reef.gate import Decision
 from reef.harness import Harness, HarnessCache, changed_executable

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deploy.engine import EngineTarget, Fleet
 from reef import faults
+from reef.deploy.engine import EngineTarget, Fleet
 from reef.errors import ReefError
 from reef.harness import harness_of
 from reef.records import Consumption, Release

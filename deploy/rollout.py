@@ -19,8 +19,8 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from deploy.chain import ReleaseChain
 from reef import registry
+from reef.deploy.chain import ReleaseChain
 from reef.errors import BadRequest, NotFound
 from reef.records import Candidate, Release
 from reef.rollouts import ab_id, ab_stopped, arm_scores, guardrail_of, sequential_policy

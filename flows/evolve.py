@@ -25,23 +25,23 @@ from typing import Any, cast
 
 from prefect import flow, get_run_logger
 
-from flows import harness, weights
-from flows.experience import (
+from reef import evaluation_pool, events, faults, telemetry
+from reef.artifacts import artifacts_for
+from reef.datasets import Snapshot, load
+from reef.errors import NothingToTrain, ReefError
+from reef.experience import Experience
+from reef.flows import harness, weights
+from reef.flows.experience import (
     batch_receipts,
     consume,
     evaluation_samples,
     materialize_snapshot,
     validate_snapshot,
 )
-from flows.release import Registered, prefect_run, recover, release
-from recipes.harness.recipe import HarnessRecipe
-from reef import evaluation_pool, events, faults, telemetry
-from reef.artifacts import artifacts_for
-from reef.datasets import Snapshot, load
-from reef.errors import NothingToTrain, ReefError
-from reef.experience import Experience
+from reef.flows.release import Registered, prefect_run, recover, release
 from reef.readiness import EMPTY_POOL
 from reef.recipe import Recipe, WeightsRecipe, load_recipe
+from reef.recipes.harness.recipe import HarnessRecipe
 from reef.records import Release, new_id
 from reef.settings import Settings, load_settings
 from reef.store.sql import open_store

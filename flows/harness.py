@@ -25,9 +25,13 @@ import httpx
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from deploy.engine import DeployError, EngineAdmin
-from flows.release import Registered, gate, held_for_review, log_gate, register_harness
-from recipes.harness.episodes import (
+from reef.artifacts import artifacts_for
+from reef.deploy.engine import DeployError, EngineAdmin
+from reef.errors import EngineUnavailable, NothingToTrain, ReefError
+from reef.flows.release import Registered, gate, held_for_review, log_gate, register_harness
+from reef.harness import Harness, HarnessCache, changed_executable, diff
+from reef.provenance import Provenance
+from reef.recipes.harness.episodes import (
     EpisodeError,
     Generate,
     PairedEvaluation,
@@ -37,15 +41,11 @@ from recipes.harness.episodes import (
     task_set,
     tasks_from_rows,
 )
-from recipes.harness.propose import (
+from reef.recipes.harness.propose import (
     Ask,
     served,
 )
-from recipes.harness.recipe import HarnessJob, HarnessParams, HarnessRecipe, HarnessSearch
-from reef.artifacts import artifacts_for
-from reef.errors import EngineUnavailable, NothingToTrain, ReefError
-from reef.harness import Harness, HarnessCache, changed_executable, diff
-from reef.provenance import Provenance
+from reef.recipes.harness.recipe import HarnessJob, HarnessParams, HarnessRecipe, HarnessSearch
 from reef.records import Release
 from reef.settings import Settings
 
@@ -200,7 +200,7 @@ def guard_scores(
 ) -> dict[str, tuple[list[float], list[float]]]:
     """Paired episodes on each guard's tasks (gate.guards), scored by the guard's scorer; the
     head's episodes are not cached across runs here (the cache's key does not name a scorer)."""
-    from recipes.scorers import scorer_named
+    from reef.recipes.scorers import scorer_named
 
     out: dict[str, tuple[list[float], list[float]]] = {}
     for g in settings.gate.guards:

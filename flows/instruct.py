@@ -16,25 +16,25 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from deploy.engine import EngineAdmin
-from flows.experience import materialize_snapshot
-from flows.harness import eval_tasks, evaluate, generator, head_harness, proposer
-from flows.release import gate, held_for_review, log_gate, register_harness
-from recipes.harness.episodes import PairedEvaluation
-from recipes.harness.propose import (
+from reef.artifacts import artifacts_for
+from reef.deploy.engine import EngineAdmin
+from reef.errors import ReefError
+from reef.flows.experience import materialize_snapshot
+from reef.flows.harness import eval_tasks, evaluate, generator, head_harness, proposer
+from reef.flows.release import gate, held_for_review, log_gate, register_harness
+from reef.gate import Decision
+from reef.harness import Harness, diff
+from reef.provenance import Provenance
+from reef.recipe import recipe_class
+from reef.recipes.harness.episodes import PairedEvaluation
+from reef.recipes.harness.propose import (
     apply_valid,
     instruction_messages,
     parse_edits,
     served,
     with_instruction,
 )
-from recipes.harness.recipe import HarnessParams, HarnessRecipe
-from reef.artifacts import artifacts_for
-from reef.errors import ReefError
-from reef.gate import Decision
-from reef.harness import Harness, diff
-from reef.provenance import Provenance
-from reef.recipe import recipe_class
+from reef.recipes.harness.recipe import HarnessParams, HarnessRecipe
 from reef.records import Candidate, Release
 from reef.settings import Settings, load_settings
 from reef.store.sql import open_store

@@ -111,7 +111,7 @@ def shared_reader(settings: Settings) -> Reader:
 def _head_ask(settings: Settings, scenario: str) -> Ask:
     """The scenario's served head answers, through the engine's admin generate route (so the
     judging is never recorded as traffic)."""
-    from deploy.engine import EngineAdmin
+    from reef.deploy.engine import EngineAdmin
 
     admin = EngineAdmin.for_settings(settings)
     j = settings.judge

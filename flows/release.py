@@ -28,9 +28,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from deploy.chain import ReleaseChain
-from flows.experience import add_receipts
 from reef import faults
+from reef.deploy.chain import ReleaseChain
+from reef.flows.experience import add_receipts
 from reef.gate import Decision, GatePolicy, check_guard, decide, with_guards
 from reef.harness import Harness
 from reef.provenance import Provenance
@@ -216,7 +216,7 @@ def start_canary(settings: Settings, candidate: Candidate) -> Candidate:
     (rollout.mode canary): it serves a share of sessions, or (mode shadow) answers copies of
     calls; the head stays until the rollout's test (or an admin) promotes or rolls it back
     (deploy.rollout)."""
-    from deploy import rollout
+    from reef.deploy import rollout
 
     with ReleaseChain.for_settings(settings) as chain:
         started = rollout.start(chain, candidate)

@@ -19,13 +19,13 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from deploy.chain import ReleaseChain
-from flows.release import Registered, gate, log_gate, register_weights
-from recipes.scorers import scorer_named
 from reef import faults
+from reef.deploy.chain import ReleaseChain
 from reef.errors import NothingToTrain, ReefError
+from reef.flows.release import Registered, gate, log_gate, register_weights
 from reef.provenance import Provenance
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
+from reef.recipes.scorers import scorer_named
 from reef.records import Release
 from reef.settings import LoopSettings, Settings
 
@@ -84,7 +84,7 @@ def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
             logger.info("train step %d/%d %s", step, total, shown)
 
     if loop.train.processes > 1:
-        from recipes.distributed import launch
+        from reef.recipes.distributed import launch
 
         logger.info("training in %d processes (accelerate launch)", loop.train.processes)
         return launch(
@@ -110,7 +110,7 @@ def evaluate(
     held_out: list[dict[str, Any]],
 ) -> Evaluation:
     """Score the head and the candidate on the same samples (recipes.evaluate)."""
-    from recipes import evaluate as ev
+    from reef.recipes import evaluate as ev
 
     started = time.monotonic()
     gate_cfg = settings.gate

@@ -68,7 +68,7 @@ def run_once(
             timeout=0,  # submit; the deployment's worker runs it
         )
         return {"status": "submitted", "flow_run_id": str(run.id)}
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     return evolve(scenario, config=config, overrides=conceal(overrides))
 
@@ -105,7 +105,7 @@ def run_job(
             timeout=0,
         )
         return {"status": "submitted", "flow_run_id": str(run.id)}
-    from flows.instruct import instruct
+    from reef.flows.instruct import instruct
 
     return instruct(scenario, job_id, config=config, overrides=conceal(overrides))
 

@@ -1,7 +1,7 @@
 """A weights recipe's training in N processes, under `accelerate launch` (reef.train.processes).
 
 The worker (flows.weights.train) writes the recipe and its TrainJob to a work directory and
-starts `accelerate launch --num_processes N -m recipes.distributed <dir>`: accelerate starts the
+starts `accelerate launch --num_processes N -m reef.recipes.distributed <dir>`: accelerate starts the
 ranks through torch.distributed.run, every rank rebuilds the recipe and the job and runs the
 recipe's own `train`, and the transformers Trainer under it wraps the model in DDP (gloo on
 CPU, NCCL on GPUs), shards each global batch across the ranks and averages the gradients. Rank 0
@@ -75,7 +75,7 @@ def launch(
             cmd += ["--config_file", str(accelerate_config)]
         else:
             cmd += ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
-        cmd += ["-m", "recipes.distributed", str(work)]
+        cmd += ["-m", "reef.recipes.distributed", str(work)]
         env = dict(os.environ)
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
@@ -212,6 +212,6 @@ def _progress_printer(rank: int) -> Callable[[int, int, Any], None] | None:
 if __name__ == "__main__":
     # Run as recipes.distributed, not __main__, so what a rank pickles (TrainingFailed)
     # unpickles in the worker.
-    from recipes.distributed import _rank_main as rank_main
+    from reef.recipes.distributed import _rank_main as rank_main
 
     rank_main(Path(sys.argv[1]))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from recipes.params import TRLParams
 from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
+from reef.recipes.params import TRLParams
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,7 +38,7 @@ class DPORecipe(WeightsRecipe):
 
     def rows(self, table: pa.Table) -> tuple[list[dict[str, Any]], list[str]]:
         """(TRL conversational preference rows, their sample ids)."""
-        from recipes.training import chat_messages
+        from reef.recipes.training import chat_messages
 
         p: DPOParams = self.params
         rows, ids = [], []
@@ -63,7 +63,7 @@ class DPORecipe(WeightsRecipe):
         from datasets import Dataset
         from trl import DPOConfig, DPOTrainer
 
-        from recipes.training import (
+        from reef.recipes.training import (
             NothingToTrain,
             fit,
             load_policy,

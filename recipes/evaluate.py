@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from recipes.training import correction, shared_base
 from reef.recipe import Scorer
+from reef.recipes.training import correction, shared_base
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def replay_samples(rows: Sequence[dict[str, Any]], threshold: float) -> list[Eva
 
 def task_samples(path: Path) -> list[EvalSample]:
     """A JSONL task set: each line {"messages": [...], "id"?, ...other columns for the scorer}."""
-    from recipes.harness.episodes import task_set
+    from reef.recipes.harness.episodes import task_set
 
     return [EvalSample(t.task_id, t.messages, columns=t.columns) for t in task_set(path)]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from recipes.params import TRLParams
 from reef.errors import ConfigError
 from reef.recipe import (
     Progress,
@@ -24,6 +23,7 @@ from reef.recipe import (
     WeightsRecipe,
     import_object,
 )
+from reef.recipes.params import TRLParams
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,7 +37,7 @@ class GRPOParams(TRLParams):
     paper 64) and 32 answer tokens (TRL 512), which is enough to judge a short-answer task.
     The learning rates are TRLParams' (1e-5 with LoRA, 1e-6 full)."""
 
-    reward: str = "recipes.scorers:at_most_five_words"
+    reward: str = "reef.recipes.scorers:at_most_five_words"
     num_generations: int = 4
     max_completion_length: int = 32
     temperature: float = 1.0
@@ -75,7 +75,7 @@ class GRPORecipe(WeightsRecipe):
         """(one TRL conversational prompt row per distinct request, the sample ids behind
         them). A row carries `correction` (a report's corrected answer, or None) for verifiers
         that check against it."""
-        from recipes.training import chat_messages, correction
+        from reef.recipes.training import chat_messages, correction
 
         prompts: dict[str, dict[str, Any]] = {}
         ids = []
@@ -92,7 +92,7 @@ class GRPORecipe(WeightsRecipe):
         from peft import PeftModel
         from trl import GRPOConfig, GRPOTrainer
 
-        from recipes.training import (
+        from reef.recipes.training import (
             NothingToTrain,
             fit,
             load_policy,

@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from recipes.params import TRLParams
 from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
+from reef.recipes.params import TRLParams
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -53,7 +53,7 @@ class KTORecipe(WeightsRecipe):
 
         Shuffled with the seed: KTO reads its batches in order (the KL estimate pairs each
         prompt with a neighbour's answer), so one batch should not hold a single class."""
-        from recipes.training import chat_messages, correction
+        from reef.recipes.training import chat_messages, correction
 
         p: KTOParams = self.params
         rows, ids = [], []
@@ -74,7 +74,7 @@ class KTORecipe(WeightsRecipe):
         from datasets import Dataset
         from trl import KTOConfig, KTOTrainer
 
-        from recipes.training import (
+        from reef.recipes.training import (
             NothingToTrain,
             fit,
             load_policy,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from recipes.params import TRLParams
 from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
+from reef.recipes.params import TRLParams
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,7 +48,7 @@ class SFTRecipe(WeightsRecipe):
         """(TRL conversational prompt/completion rows, their sample ids), in table order: a
         corrected row with its correction as the target, a row whose score passed the
         threshold with its own answer; the others are left out."""
-        from recipes.training import chat_messages, correction
+        from reef.recipes.training import chat_messages, correction
 
         p: SFTParams = self.params
         rows, ids = [], []
@@ -73,7 +73,7 @@ class SFTRecipe(WeightsRecipe):
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
 
-        from recipes.training import (
+        from reef.recipes.training import (
             NothingToTrain,
             fit,
             load_policy,

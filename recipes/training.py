@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from recipes.params import TRLParams
 from reef.errors import NothingToTrain as NothingToTrain  # recipes raise it from here
 from reef.experience import correction as correction  # recipes read it from here
 from reef.recipe import Progress, ReleaseKind, Trained, TrainJob
+from reef.recipes.params import TRLParams
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 
 # Short names of the built-in recipes: one literal dict, no registry magic.
 RECIPES: dict[str, str] = {
-    "sft": "recipes.sft:SFTRecipe",
-    "kto": "recipes.kto:KTORecipe",
-    "dpo": "recipes.dpo:DPORecipe",
-    "sao": "recipes.sao.recipe:SAORecipe",
-    "grpo": "recipes.grpo:GRPORecipe",
-    "harness": "recipes.harness.recipe:HarnessRecipe",
-    "tttd": "recipes.tttd.recipe:TTTDRecipe",
-    "openclaw": "recipes.openclaw.recipe:OpenClawRecipe",
+    "sft": "reef.recipes.sft:SFTRecipe",
+    "kto": "reef.recipes.kto:KTORecipe",
+    "dpo": "reef.recipes.dpo:DPORecipe",
+    "sao": "reef.recipes.sao.recipe:SAORecipe",
+    "grpo": "reef.recipes.grpo:GRPORecipe",
+    "harness": "reef.recipes.harness.recipe:HarnessRecipe",
+    "tttd": "reef.recipes.tttd.recipe:TTTDRecipe",
+    "openclaw": "reef.recipes.openclaw.recipe:OpenClawRecipe",
 }
 
 # A scorer (reward function) as TRL takes them: completions plus the dataset's other columns

@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from api.auth import hash_token
-from cli.testing import InProcessReef
+from reef.api.auth import hash_token
+from reef.cli.testing import InProcessReef
 from reef.client import AsyncReef, Reef, ReefAPIError, ReefConnectionError
 from reef.errors import BadRequest
 from reef.wire import ReportIn, ReportOut

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import docs
-from cli.main import parser
+from reef.cli import docs
+from reef.cli.main import parser
 from reef.settings import Settings, load_settings, secret_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,21 +32,21 @@ def test_the_generated_reference_is_current(path: Path) -> None:
 
 
 def test_the_check_mode_names_the_command(tmp_path: Path) -> None:
-    """`python -m cli.docs --check` passes on the committed files, and on a stale copy fails
+    """`python -m reef.cli.docs --check` passes on the committed files, and on a stale copy fails
     naming the file and the command that fixes it (the copy: the repository is not touched)."""
 
     def check(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "cli.docs", *args]
+        argv = [sys.executable, "-m", "reef.cli.docs", *args]
         return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
 
     ok = check("--check")
     assert ok.returncode == 0, ok.stderr
     written = check("--dir", str(tmp_path))
     assert written.returncode == 0 and check("--check", "--dir", str(tmp_path)).returncode == 0
-    (tmp_path / "cli.md").write_text((tmp_path / "cli.md").read_text() + "hand edit\n")
+    (tmp_path / "reef.cli.md").write_text((tmp_path / "reef.cli.md").read_text() + "hand edit\n")
     out = check("--check", "--dir", str(tmp_path))
     assert out.returncode == 1
-    assert out.stderr == f"{tmp_path / 'cli.md'} is stale: run `python -m cli.docs`\n"
+    assert out.stderr == f"{tmp_path / 'reef.cli.md'} is stale: run `python -m reef.cli.docs`\n"
 
 
 def test_every_settings_section_and_key_is_in_the_reference() -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.main import parser
-from cli.testing import InProcessReef
+from reef.cli.main import parser
+from reef.cli.testing import InProcessReef
 from reef.client import Reef
 from reef.recipe import RECIPES, import_object, load_recipe
 from reef.settings import load_settings

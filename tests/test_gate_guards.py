@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from recipes.scorers import contains_answer, exact_answer, scorer_named
 from reef.errors import ConfigError
 from reef.gate import GatePolicy, check_guard, decide, with_guards
+from reef.recipes.scorers import contains_answer, exact_answer, scorer_named
 from reef.settings import load_settings
 
 
@@ -23,7 +23,7 @@ def test_contains_answer_is_whole_words_case_and_punctuation_aside() -> None:
     with pytest.raises(ValueError, match="answer"):
         contains_answer(["x"])
     assert scorer_named("exact") is exact_answer
-    assert scorer_named("recipes.scorers:contains_answer") is contains_answer
+    assert scorer_named("reef.recipes.scorers:contains_answer") is contains_answer
 
 
 def test_a_significant_drop_breaks_the_guard() -> None:

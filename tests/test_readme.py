@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.client import Reef
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 import pytest
 
-from cli.main import main as reef_cli
 from reef.artifacts import ArtifactStore, LocalArtifacts
+from reef.cli.main import main as reef_cli
 from reef.export import pages
 from reef.records import Consumption, Record, Release, Report, new_id
 from reef.retention import (
@@ -316,8 +316,8 @@ def test_reef_gc_archives_and_reef_export_reads_it_back(
 def test_the_records_page_counts_what_retention_archived(tmp_path: Path) -> None:
     import httpx
 
-    from cli.testing import InProcessReef
     from reef.artifacts import open_artifacts
+    from reef.cli.testing import InProcessReef
     from reef.testing.traffic import traffic
 
     with InProcessReef(tmp_path / "state", store={"retention_days": 30}) as srv:

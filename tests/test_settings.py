@@ -50,7 +50,7 @@ def test_seed_example_is_accepted(tmp_path: Path) -> None:
         )
     )
     assert (s.reef.recipe, s.reef.batch_size, s.reef.max_staleness) == (
-        "recipes.sao.recipe:SAORecipe",
+        "reef.recipes.sao.recipe:SAORecipe",
         1,
         18,
     )
@@ -113,7 +113,7 @@ def test_upstream_needs_url() -> None:
 
 
 def test_cli_reports_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cli.main import main
+    from reef.cli.main import main
 
     assert main(["serve", "-c", str(_yaml(tmp_path, "reef:\n  bogus: 1\n"))]) == 2
     assert "unknown key 'reef.bogus'" in capsys.readouterr().err
@@ -342,7 +342,7 @@ def _leaf_paths(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[tupl
 
 def _reference_paths() -> set[tuple[str, ...]]:
     """The (section, ..., key) of every row of docs/configuration.md's tables (generated from
-    these models by `python -m cli.docs`; tests/test_docs.py checks it is current)."""
+    these models by `python -m reef.cli.docs`; tests/test_docs.py checks it is current)."""
     out: set[tuple[str, ...]] = set()
     section: tuple[str, ...] = ()
     for line in (ROOT / "docs" / "configuration.md").read_text().splitlines():

@@ -258,7 +258,7 @@ def test_whole_number_floats_are_integers_and_are_forwarded_as_ints() -> None:
     """JSON Schema counts 6.0 as an integer (the spec says `integer`), so the edge takes it, and
     the body it forwards (and checks against caps) then holds the int; strings, booleans and
     fractions are still refused."""
-    from api.bodies import validate
+    from reef.api.bodies import validate
     from reef.errors import BadRequest
 
     body: dict[str, Any] = {"model": "m", "messages": HI, "max_tokens": 6.0, "temperature": 1.0}

@@ -10,7 +10,8 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from api.answers import (
+from reef import anthropic
+from reef.api.answers import (
     call_receipt,
     event_stream,
     json_replay,
@@ -19,10 +20,9 @@ from api.answers import (
     start_call,
     stream_error,
 )
-from api.bodies import read_json, validate
-from api.contract import CALL_HEADERS, TAGS_NOTE, events, inference, reads
-from api.services import caller
-from reef import anthropic
+from reef.api.bodies import read_json, validate
+from reef.api.contract import CALL_HEADERS, TAGS_NOTE, events, inference, reads
+from reef.api.services import caller
 from reef.engines.chunks import disassemble
 from reef.errors import ReefError
 from reef.records import Record

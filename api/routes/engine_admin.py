@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from api.bodies import read_json, validate
-from api.contract import UPSTREAM_REFUSED, errors, reads
-from api.services import Services, services
+from reef.api.bodies import read_json, validate
+from reef.api.contract import UPSTREAM_REFUSED, errors, reads
+from reef.api.services import Services, services
 from reef.errors import BadRequest
 from reef.variants import Variants
 from reef.wire import (

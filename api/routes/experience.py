@@ -12,9 +12,9 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from api.bodies import capped_body
-from api.contract import ScenarioPath, errors
-from api.services import caller
+from reef.api.bodies import capped_body
+from reef.api.contract import ScenarioPath, errors
+from reef.api.services import caller
 from reef.errors import UnsupportedMediaType
 from reef.evaluation_pool import fraction
 from reef.imports import import_file

@@ -18,10 +18,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from api.answers import candidate_out, release_out
-from api.bodies import read_json, validate
-from api.contract import SCENARIO, ScenarioPath, ScenarioQuery, errors, reads
-from api.services import Services, caller
+from reef.api.answers import candidate_out, release_out
+from reef.api.bodies import read_json, validate
+from reef.api.contract import SCENARIO, ScenarioPath, ScenarioQuery, errors, reads
+from reef.api.services import Services, caller
 from reef.errors import BadRequest, NotFound, ServiceUnavailable
 from reef.harness import Harness
 from reef.records import Candidate, Job, Release, new_id, utcnow

@@ -7,8 +7,8 @@ import hmac
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from api.contract import METRICS, PUBLIC
-from api.services import services
+from reef.api.contract import METRICS, PUBLIC
+from reef.api.services import services
 from reef.errors import Unauthorized
 from reef.wire import Liveness, Readiness
 

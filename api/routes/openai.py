@@ -11,7 +11,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from api.answers import (
+from reef.api.answers import (
     call_receipt,
     event_stream,
     json_replay,
@@ -20,9 +20,9 @@ from api.answers import (
     start_call,
     stream_error,
 )
-from api.bodies import read_json, validate
-from api.contract import CALL_HEADERS, TAGS_NOTE, events, inference, reads
-from api.services import caller, services
+from reef.api.bodies import read_json, validate
+from reef.api.contract import CALL_HEADERS, TAGS_NOTE, events, inference, reads
+from reef.api.services import caller, services
 from reef.engines.chunks import disassemble
 from reef.errors import ReefError
 from reef.records import Record

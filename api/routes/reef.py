@@ -10,9 +10,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from api.bodies import read_json, validate
-from api.contract import SCENARIO, ScenarioPath, errors, reads
-from api.services import caller, check_scenario_name, services
+from reef.api.bodies import read_json, validate
+from reef.api.contract import SCENARIO, ScenarioPath, errors, reads
+from reef.api.services import caller, check_scenario_name, services
 from reef.errors import BadRequest, ReefError
 from reef.records import Record, Report, Scenario, new_id, utcnow
 from reef.wire import (

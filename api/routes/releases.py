@@ -14,10 +14,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from api.answers import candidate_out, release_out
-from api.bodies import read_json, validate
-from api.contract import ScenarioPath, errors, reads
-from api.services import caller
+from reef.api.answers import candidate_out, release_out
+from reef.api.bodies import read_json, validate
+from reef.api.contract import ScenarioPath, errors, reads
+from reef.api.services import caller
 from reef.records import CANDIDATE_STATUSES
 from reef.wire import CandidateList, ReleaseList, ReleaseOut, ReleaseRef
 

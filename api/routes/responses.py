@@ -22,7 +22,8 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from api.answers import (
+from reef import responses
+from reef.api.answers import (
     call_receipt,
     event_stream,
     json_replay,
@@ -31,8 +32,8 @@ from api.answers import (
     start_call,
     stream_error,
 )
-from api.bodies import read_json, validate
-from api.contract import (
+from reef.api.bodies import read_json, validate
+from reef.api.contract import (
     CALL_HEADERS,
     RECEIPT_HEADERS,
     SCENARIO,
@@ -42,8 +43,7 @@ from api.contract import (
     inference,
     reads,
 )
-from api.services import Services, caller
-from reef import responses
+from reef.api.services import Services, caller
 from reef.engines.chunks import disassemble
 from reef.errors import BadRequest, NotFound, ReefError
 from reef.records import Record, Scenario

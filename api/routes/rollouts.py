@@ -15,11 +15,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from api.answers import release_out
-from api.bodies import read_json, validate
-from api.contract import ScenarioPath, errors, reads
-from api.services import Services, caller
-from deploy import rollout
+from reef.api.answers import release_out
+from reef.api.bodies import read_json, validate
+from reef.api.contract import ScenarioPath, errors, reads
+from reef.api.services import Services, caller
+from reef.deploy import rollout
 from reef.records import Release
 from reef.rollouts import Rollouts
 from reef.wire import (

@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.bodies import read_json, validate
-from api.contract import ScenarioPath, errors, reads
-from api.services import caller
+from reef.api.bodies import read_json, validate
+from reef.api.contract import ScenarioPath, errors, reads
+from reef.api.services import caller
 from reef.records import SettingsVersion
 from reef.scenario_settings import change
 from reef.settings import Settings

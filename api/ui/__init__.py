@@ -9,9 +9,9 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from api.ui import docs
-from api.ui.headers import UiHeaders
-from api.ui.pages import router
+from reef.api.ui import docs
+from reef.api.ui.headers import UiHeaders
+from reef.api.ui.pages import router
 
 STATIC = Path(__file__).parent / "static"
 

@@ -21,8 +21,8 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
-from api.auth import Principal, hash_token
-from api.services import services
+from reef.api.auth import Principal, hash_token
+from reef.api.services import services
 from reef.errors import (
     BadRequest,
     Forbidden,

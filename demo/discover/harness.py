@@ -33,9 +33,9 @@ from demo.discover import actions
 from demo.discover.archive import Archive, State
 from demo.discover.packing import Judged
 from demo.discover.sandbox import Limits
-from recipes.tttd.grid import grid_metadata
 from reef.artifacts import ArtifactStore
 from reef.errors import NotFound
+from reef.recipes.tttd.grid import grid_metadata
 
 Mode = Literal["ttt", "search", "random"]
 

@@ -23,17 +23,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
-from recipes.harness.episodes import Generate, Outcome, Scorer, Task, run_episode
-from recipes.harness.propose import (
+from reef.errors import ReefError
+from reef.harness import Harness
+from reef.recipe import Recipe, ReportContract
+from reef.recipes.harness.episodes import Generate, Outcome, Scorer, Task, run_episode
+from reef.recipes.harness.propose import (
     Ask,
     apply_valid,
     example_of,
     parse_edits,
     reflection_messages,
 )
-from reef.errors import ReefError
-from reef.harness import Harness
-from reef.recipe import Recipe, ReportContract
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,8 @@ class HarnessRecipe(Recipe):
     Params = HarnessParams
 
     def task_scorer(self) -> Scorer:
-        from recipes.harness.episodes import correction_scorer
         from reef.recipe import import_object
+        from reef.recipes.harness.episodes import correction_scorer
 
         if self.params.scorer:
             scorer: Scorer = import_object(self.params.scorer, "recipe parameter 'scorer'")

@@ -14,15 +14,15 @@ from typing import Any
 
 import torch
 
-from recipes.openclaw.objective import (
+from reef.judge import append_hint
+from reef.recipes.openclaw.objective import (
     Selection,
     opd_loss,
     overlaps,
     rl_loss,
     select_candidate,
 )
-from recipes.openclaw.turns import JudgedTurn
-from reef.judge import append_hint
+from reef.recipes.openclaw.turns import JudgedTurn
 
 
 @dataclass(frozen=True)

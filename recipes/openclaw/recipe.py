@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Literal
 from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
 
 if TYPE_CHECKING:
-    from recipes.openclaw.learner import Setup
-    from recipes.openclaw.turns import JudgedTurn
+    from reef.recipes.openclaw.learner import Setup
+    from reef.recipes.openclaw.turns import JudgedTurn
 
 Mode = Literal["combined", "rl", "opd"]
 LEARNING_RATE = 3e-4  # combined and rl (OpenClawParams.learning_rate says why)
@@ -94,7 +94,7 @@ class OpenClawParams:
         return self.w_rl, self.w_opd
 
     def setup(self) -> Setup:
-        from recipes.openclaw.learner import Setup
+        from reef.recipes.openclaw.learner import Setup
 
         w_rl, w_opd = self.weights()
         return Setup(
@@ -123,9 +123,9 @@ class OpenClawRecipe(WeightsRecipe):
     capture_topk = 4
 
     def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
-        from recipes.openclaw.learner import OpenClawLearner
-        from recipes.openclaw.turns import turns_from
-        from recipes.training import NothingToTrain, load_policy, lora_from, save_candidate
+        from reef.recipes.openclaw.learner import OpenClawLearner
+        from reef.recipes.openclaw.turns import turns_from
+        from reef.recipes.training import NothingToTrain, load_policy, lora_from, save_candidate
 
         p: OpenClawParams = self.params
         turns, dropped = turns_from(job.dataset, p.thumbs_threshold)

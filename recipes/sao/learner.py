@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from recipes.sao.critic import Critic
-from recipes.sao.objective import (
+from reef.recipes.sao.critic import Critic
+from reef.recipes.sao.objective import (
     length_adaptive_lambda,
     policy_loss,
     skip_observation_gae,
     value_loss,
 )
-from recipes.sao.rollouts import Rollout
+from reef.recipes.sao.rollouts import Rollout
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from reef.recipe import Progress, ReportContract, Trained, TrainJob, WeightsRecipe
 
 if TYPE_CHECKING:
-    from recipes.sao.learner import Schedule
+    from reef.recipes.sao.learner import Schedule
 
 # Policy learning rates when `policy_lr` is not given. The paper's 1e-6 (full fine-tune of a
 # 30B MoE, §1.3) barely moves a 135M model in a few hundred steps; §1.4 raises it to ~1e-5
@@ -86,7 +86,7 @@ class SAOParams:
             raise ValueError("policy_lr must be > 0")
 
     def schedule(self) -> Schedule:
-        from recipes.sao.learner import Schedule
+        from reef.recipes.sao.learner import Schedule
 
         lr = self.policy_lr
         if lr is None:
@@ -117,10 +117,10 @@ class SAORecipe(WeightsRecipe):
     Params = SAOParams
 
     def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
-        from recipes.sao.critic import CriticLora, critic_path, load_critic
-        from recipes.sao.learner import SAOLearner
-        from recipes.sao.rollouts import rollouts_from
-        from recipes.training import NothingToTrain, load_policy, lora_from, save_candidate
+        from reef.recipes.sao.critic import CriticLora, critic_path, load_critic
+        from reef.recipes.sao.learner import SAOLearner
+        from reef.recipes.sao.rollouts import rollouts_from
+        from reef.recipes.training import NothingToTrain, load_policy, lora_from, save_candidate
 
         p: SAOParams = self.params
         rollouts, dropped = rollouts_from(job.dataset)
@@ -194,7 +194,7 @@ class _Tally:
         self.targets += prediction[1]
 
     def metrics(self) -> dict[str, float]:
-        from recipes.sao.objective import explained_variance
+        from reef.recipes.sao.objective import explained_variance
 
         out = {f"train_{k}": self.sums[k] / self.counts[k] for k in self.MEANS if self.counts[k]}
         out |= {

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from recipes.sao.learner import response_logprobs
-from recipes.training import LoraParams, load_policy, save_candidate
-from recipes.tttd.objective import constant, group_advantages, is_loss, kl_shaping
-from recipes.tttd.params import TTTDParams
 from reef.errors import ReefError
 from reef.recipe import Progress, Trained, TrainJob
+from reef.recipes.sao.learner import response_logprobs
+from reef.recipes.training import LoraParams, load_policy, save_candidate
+from reef.recipes.tttd.objective import constant, group_advantages, is_loss, kl_shaping
+from reef.recipes.tttd.params import TTTDParams
 
 STATE_DIR = "tttd"
 OPTIMIZER_FILE = "optimizer.pt"

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from recipes.tttd.grid import select
-from recipes.tttd.params import TTTDParams
 from reef.errors import ReefError
 from reef.recipe import Progress, ReportContract, Selection, Trained, TrainJob, WeightsRecipe
+from reef.recipes.tttd.grid import select
+from reef.recipes.tttd.params import TTTDParams
 
 
 class TTTDRecipe(WeightsRecipe):
@@ -42,7 +42,7 @@ class TTTDRecipe(WeightsRecipe):
         return Selection(batch.rows, batch.discard, batch.waiting, whole=True)
 
     def train(self, job: TrainJob, progress: Progress | None = None) -> Trained:
-        from recipes.tttd.learner import train_grid
+        from reef.recipes.tttd.learner import train_grid
 
         p: TTTDParams = self.params
         batch = select(job.dataset.to_pylist(), p.groups_per_step, p.rollouts_per_group)

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.routes.harness import AGENTS
+from reef.api.routes.harness import AGENTS
 from reef.models import resolve_model
 from reef.testing.process import ReefServer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.store.sql import open_store
 from reef.testing.process import ReefServer
 

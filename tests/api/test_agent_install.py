@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.routes.harness import AGENTS
-from cli.testing import InProcessReef
+from reef.api.routes.harness import AGENTS
+from reef.cli.testing import InProcessReef
 
 RULES = "Reef rule: answer in French."
 FILES = {

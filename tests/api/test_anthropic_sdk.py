@@ -6,7 +6,7 @@ import anthropic
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 
 

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from api.auth import hash_token
-from cli.testing import InProcessReef
+from reef.api.auth import hash_token
+from reef.cli.testing import InProcessReef
 
 ADMIN, ALICE = "admin-secret-token", "alice-secret-token"
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.settings import load_settings
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -168,7 +168,7 @@ def test_sdks_pass(server: InProcessReef, scenario: str) -> None:
 
 
 def test_allowed_hosts_default_and_setting() -> None:
-    from api.guard import allowed_hosts
+    from reef.api.guard import allowed_hosts
 
     def hosts(**server: object) -> frozenset[str] | None:
         auth = {"tokens": [{"name": "t", "sha256": "0" * 64, "admin": True}]}

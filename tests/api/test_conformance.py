@@ -20,8 +20,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import Response, checks
 
-from api.auth import hash_token
-from cli.testing import InProcessReef
+from reef.api.auth import hash_token
+from reef.cli.testing import InProcessReef
 
 pytestmark = pytest.mark.contract  # 50 s to 2 min on 2 cores: `make test-contract`, a CI stage
 

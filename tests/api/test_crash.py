@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.process import ReefServer
 
 Doomed = dict[str, tuple[ReefServer, dict[str, str]]]

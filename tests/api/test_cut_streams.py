@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.reefserver import EchoUpstream
 
 WORDS = " ".join(f"w{i}" for i in range(30))

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 UI = Path(__file__).resolve().parents[2] / "api" / "ui"
 CDN = re.compile(r"cdn\.|googleapis|gstatic|unpkg|jsdelivr|cdnjs", re.I)

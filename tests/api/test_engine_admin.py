@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cli.testing import InProcessReef
 from reef.artifacts import artifacts_for
+from reef.cli.testing import InProcessReef
 from reef.models import resolve_model
 from tests.engines.test_embedded_releases import lora
 

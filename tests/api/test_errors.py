@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 
 GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

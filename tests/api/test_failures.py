@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.process import REEF, free_port
 from tests.reefserver import EchoUpstream, Relay
 

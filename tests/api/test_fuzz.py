@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 FUZZ = settings(
     max_examples=60,
@@ -335,7 +335,7 @@ def test_unexpected_errors_do_not_echo_exception_text() -> None:
     from fastapi import FastAPI
     from starlette.testclient import TestClient
 
-    from api import errors
+    from reef.api import errors
 
     app = FastAPI()
     errors.install(app)

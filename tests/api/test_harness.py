@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cli.testing import InProcessReef
-from deploy.engine import EngineAdmin
-from deploy.release import deploy
 from reef.artifacts import artifacts_for
+from reef.cli.testing import InProcessReef
+from reef.deploy.engine import EngineAdmin
+from reef.deploy.release import deploy
 from reef.models import resolve_model
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store

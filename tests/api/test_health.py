@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 
 def test_healthz_and_readyz(server: InProcessReef) -> None:
@@ -77,7 +77,7 @@ def test_openapi_spec_documents_the_routes(server: InProcessReef) -> None:
 def test_committed_openapi_copy_is_current(tmp_path: Path) -> None:
     """docs/openapi.json is what `reef openapi` prints; regenerate it with
     `.venv/bin/reef openapi -o docs/openapi.json` after changing a route."""
-    from cli.main import main
+    from reef.cli.main import main
 
     assert main(["openapi", "-o", str(tmp_path / "spec.json")]) == 0
     fresh = json.loads((tmp_path / "spec.json").read_text())

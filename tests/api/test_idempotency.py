@@ -9,7 +9,7 @@ import anthropic
 import httpx
 import openai
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 from tests.reefserver import EchoUpstream
 

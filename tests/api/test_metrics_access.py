@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 TOKEN = "metrics-" + uuid.uuid4().hex
 

@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute, iter_route_contexts
 from openapi_spec_validator import validate
 
-from api.app import create_app
-from api.contract import Extra
+from reef.api.app import create_app
+from reef.api.contract import Extra
 from reef.engines.upstream import UpstreamEngine
 from reef.settings import load_settings
 

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 from tests.reefserver import EchoUpstream
 

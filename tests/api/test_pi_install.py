@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.models import resolve_model
 from reef.testing.process import ReefServer
 

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from api.auth import hash_token
-from cli.testing import InProcessReef
+from reef.api.auth import hash_token
+from reef.cli.testing import InProcessReef
 
 ADMIN, RPM, SCOPED, BUDGET, FREE, ANTH, WIDE = (
     f"{n}-quota-token" for n in ("ops", "rpm", "sc", "bg", "fr", "an", "wd")

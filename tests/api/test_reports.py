@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 
 def _receipts(server: InProcessReef, scenario: str, n: int) -> list[str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
 from reef import judge
+from reef.cli.testing import InProcessReef
 from reef.wire import RESERVED_REPORT_ID_PREFIXES, RESERVED_SOURCES
 from tests.api.conftest import records_of
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
 from reef import responses
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 
 TOOLS = [
@@ -239,7 +239,7 @@ def test_a_conversation_chain_is_read_back_a_bounded_number_of_hops(
     refused (send the input instead) rather than read back on every call. The bound is
     lowered to 8 here (the server runs in this process): 129 calls each reading back its
     whole chain took 11 s of the suite."""
-    from api.routes import responses as route
+    from reef.api.routes import responses as route
 
     assert route.MAX_CHAIN <= 128
     monkeypatch.setattr(route, "MAX_CHAIN", 8)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 from tests.responses_upstream import MODEL, ResponsesUpstream
 

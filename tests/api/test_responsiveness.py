@@ -26,7 +26,7 @@ import httpx
 import orjson
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 BUDGET_S = 0.050
 PROMPT_BYTES = 4_000_000

@@ -15,12 +15,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from api.auth import hash_token, new_token
-from cli.main import main as reef_cli
-from cli.testing import InProcessReef
-from deploy.engine import EngineAdmin
-from deploy.release import deploy
+from reef.api.auth import hash_token, new_token
 from reef.artifacts import artifacts_for, tree_hash
+from reef.cli.main import main as reef_cli
+from reef.cli.testing import InProcessReef
+from reef.deploy.engine import EngineAdmin
+from reef.deploy.release import deploy
 from reef.models import resolve_model
 from reef.records import Release, new_id, utcnow
 from reef.settings import load_settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of, wait_cleaned
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.auth import hash_token
-from cli.testing import InProcessReef
+from reef.api.auth import hash_token
+from reef.cli.testing import InProcessReef
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
 

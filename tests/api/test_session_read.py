@@ -8,8 +8,8 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from api.app import create_app
-from cli.serve import build_engine
+from reef.api.app import create_app
+from reef.cli.serve import build_engine
 from reef.records import Record, new_id
 from reef.settings import load_settings
 from reef.store.sql import SQLStore, open_store

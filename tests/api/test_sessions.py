@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 
 def _client(server: InProcessReef, scenario: str, **headers: str) -> openai.OpenAI:

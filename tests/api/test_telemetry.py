@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.otlp import OTLPTelemetry, record_span_ids
 from reef.records import Record, Report, new_id, utcnow
 from reef.settings import TelemetrySettings
@@ -241,7 +241,7 @@ def test_off_means_the_sdk_is_never_imported(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, httpx
-        from cli.testing import InProcessReef
+        from reef.cli.testing import InProcessReef
         with InProcessReef({str(tmp_path)!r}) as srv:
             r = httpx.post(
                 f"{{srv.url}}/v1/chat/completions",

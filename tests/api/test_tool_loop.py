@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from tests.api.conftest import records_of
 from tests.toolmodel import ANSWER, ASK, CALL, FUNCTION, RESULT, TOOLS, taught_model
 

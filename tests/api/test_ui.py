@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.auth import hash_token
-from cli.testing import InProcessReef
+from reef.api.auth import hash_token
 from reef.artifacts import open_artifacts
+from reef.cli.testing import InProcessReef
 from reef.figures import Figure, Point, save_figure
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
@@ -365,7 +365,7 @@ def test_session_cookie_is_secure_off_loopback(tmp_path: Path, secured: InProces
     """Bound off loopback with tokens, sign-in travels over TLS (a proxy in front): the cookie
     is Secure even when the proxy speaks plain http to Reef. auth.secure_cookie decides
     explicitly."""
-    from api.ui.signin import secure_cookie
+    from reef.api.ui.signin import secure_cookie
     from reef.settings import load_settings
 
     config = tmp_path / "serve.yaml"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from cli.testing import InProcessReef
 from reef.artifacts import ArtifactStore, open_artifacts
+from reef.cli.testing import InProcessReef
 from reef.records import Consumption, utcnow
 from reef.retention import apply_retention, archived_counts, archived_record
 from reef.store.sql import open_store

@@ -12,21 +12,21 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from api.quotas import QuotaGate
-from api.ui.views.candidates import candidate_rows
-from api.ui.views.curves import curve, curve_rows, figure_rows, figure_series
-from api.ui.views.overview import overview_row
-from api.ui.views.quotas import QuotaRow, quota_rows
-from api.ui.views.records import (
+from reef.api.quotas import QuotaGate
+from reef.api.ui.views.candidates import candidate_rows
+from reef.api.ui.views.curves import curve, curve_rows, figure_rows, figure_series
+from reef.api.ui.views.overview import overview_row
+from reef.api.ui.views.quotas import QuotaRow, quota_rows
+from reef.api.ui.views.records import (
     Message,
     RecordRow,
     archived_feedback,
     record_rows,
     turns,
 )
-from api.ui.views.releases import FileDiff, Links, diff, release_rows
-from cli.testing import InProcessReef
+from reef.api.ui.views.releases import FileDiff, Links, diff, release_rows
 from reef.artifacts import open_artifacts
+from reef.cli.testing import InProcessReef
 from reef.figures import Figure, Point, load_figures, save_figure
 from reef.records import Release
 from reef.settings import load_settings

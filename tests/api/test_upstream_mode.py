@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.process import ReefServer
 from tests.api.conftest import records_of
 from tests.reefserver import EchoUpstream

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
-from deploy import rollout
-from deploy.chain import ReleaseChain
+from reef.cli.testing import InProcessReef
+from reef.deploy import rollout
+from reef.deploy.chain import ReleaseChain
 from reef.events import verify
 from reef.gate import Decision
 from reef.harness import Harness

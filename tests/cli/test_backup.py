@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from reef.artifacts import open_artifacts
+from reef.cli.main import main
 from reef.records import Record
 from reef.store.sql import open_store
 from tests.store.builders import Snapshot, new_release, new_report, snapshot, write_rows

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from cli.testing import InProcessReef
+from reef.cli.main import main
+from reef.cli.testing import InProcessReef
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
 

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 import reef
-from cli.main import FLAG_SETTINGS, env_var, main, parser
-from cli.testing import InProcessReef
+from reef.cli.main import FLAG_SETTINGS, env_var, main, parser
+from reef.cli.testing import InProcessReef
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def reef_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`reef ARGS` in a process of its own, as a shell runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "reef.cli.main", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

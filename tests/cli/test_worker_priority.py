@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from api.evolver import Evolver
+from reef.api.evolver import Evolver
 
 
 def _threads(pid: int) -> dict[int, tuple[int, int]]:

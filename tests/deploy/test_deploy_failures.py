@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cli.testing import InProcessReef
-from deploy.engine import DeployError, EngineAdmin
-from deploy.release import deploy
+from reef.cli.testing import InProcessReef
+from reef.deploy.engine import DeployError, EngineAdmin
+from reef.deploy.release import deploy
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store
 from tests.engines.test_embedded_releases import lora

@@ -20,11 +20,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cli.testing import InProcessReef
-from deploy.candidates import promoted
-from deploy.chain import ReleaseChain
-from deploy.release import deploy
 from reef import registry
+from reef.cli.testing import InProcessReef
+from reef.deploy.candidates import promoted
+from reef.deploy.chain import ReleaseChain
+from reef.deploy.release import deploy
 from reef.errors import Conflict, EngineUnavailable, ReefError
 from reef.experience import collect, receipts
 from reef.gate import Decision
@@ -270,7 +270,7 @@ def test_recover_retires_only_accepted_candidates_the_head_left_behind(
 # evolve run collects it) go with the candidate's compare-and-swap; REEF_FAULTS kills it there.
 _PUBLISH = """
 import json, sys
-from deploy.chain import ReleaseChain
+from reef.deploy.chain import ReleaseChain
 from reef.experience import collect, receipts
 from reef.settings import load_settings
 

@@ -24,9 +24,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cli.testing import InProcessReef
-from deploy.engine import DeployError, EngineAdmin, Fleet, engines_for
-from deploy.release import deploy
+from reef.cli.testing import InProcessReef
+from reef.deploy.engine import DeployError, EngineAdmin, Fleet, engines_for
+from reef.deploy.release import deploy
 from reef.errors import ConfigError
 from reef.models import resolve_model
 from reef.records import Candidate, Release, new_id, utcnow

@@ -180,7 +180,7 @@ def test_one_port_everywhere(steps: list[Instruction]) -> None:
     assert url and " CMD " in f" {health}"
     assert (urlsplit(url.group(0)).port, urlsplit(url.group(0)).path) == (port, "/healthz")
 
-    api = {doc["kind"]: doc for doc in _docs(K8S / "api.yaml")}
+    api = {doc["kind"]: doc for doc in _docs(K8S / "reef.api.yaml")}
     (container,) = api["Deployment"]["spec"]["template"]["spec"]["containers"]
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert named == {"http": port}
@@ -204,7 +204,7 @@ def test_the_default_command_is_the_project_reef_serve(steps: list[Instruction])
     assert cmd[0] in PYPROJECT["project"]["scripts"]
     assert cmd[:2] == ["reef", "serve"]
     # the same command the manifests run
-    api = _docs(K8S / "api.yaml")[0]["spec"]["template"]["spec"]["containers"][0]
+    api = _docs(K8S / "reef.api.yaml")[0]["spec"]["template"]["spec"]["containers"][0]
     assert "command" not in api and api["args"] == cmd
     assert _compose()["services"]["reef"]["command"] == cmd
     # a real subcommand of the installed console script, taking the config flag

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
-from deploy.engine import EngineAdmin
-from deploy.release import deploy
 from reef import registry
+from reef.cli.testing import InProcessReef
+from reef.deploy.engine import EngineAdmin
+from reef.deploy.release import deploy
 from reef.errors import HeadMoved
 from reef.records import Release, new_id, utcnow
 from reef.store.sql import open_store

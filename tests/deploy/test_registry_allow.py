@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.engine import Registered
+from reef.deploy.engine import Registered
 from reef.errors import ConfigError
 from reef.settings import load_settings
 from reef.store.sql import open_store

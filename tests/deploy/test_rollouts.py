@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.main import main
-from cli.testing import InProcessReef
-from deploy import rollout
-from deploy.chain import ReleaseChain
+from reef.cli.main import main
+from reef.cli.testing import InProcessReef
+from reef.deploy import rollout
+from reef.deploy.chain import ReleaseChain
 from reef.errors import BadRequest, Conflict, HeadMoved
 from reef.gate import Decision
 from reef.harness import Harness

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.main import main
-from cli.testing import InProcessReef
-from deploy import rollout
-from deploy.chain import ReleaseChain
+from reef.cli.main import main
+from reef.cli.testing import InProcessReef
+from reef.deploy import rollout
+from reef.deploy.chain import ReleaseChain
 from reef.gate import Decision
 from reef.harness import Harness
 from reef.provenance import Provenance

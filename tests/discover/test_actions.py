@@ -207,7 +207,7 @@ def test_the_action_option_is_validated(tmp_path: Path) -> None:
 
 
 def test_a_release_records_the_best_edit_answer_too() -> None:
-    from recipes.tttd.learner import last_program
+    from reef.recipes.tttd.learner import last_program
 
     answer = 'Here:\n```json\n[{"op": "grow", "i": 0}]\n```\nDone.'
     assert last_program(answer) == '[{"op": "grow", "i": 0}]\n'

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from cli.testing import InProcessReef
 from demo.discover.archive import Archive
 from demo.discover.harness import ArchiveStore, Config, Reef, discover, save
 from demo.discover.sandbox import Limits
 from reef.artifacts import ArtifactStore, LocalArtifacts, S3Artifacts
+from reef.cli.testing import InProcessReef
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -434,7 +434,7 @@ def test_smollm2_converts_and_answers(tmp_path: Path) -> None:
 def test_each_engine_takes_its_settings_section_whole(tiny_dir: Path) -> None:
     """`reef serve` hands the embedded engine `engine.embedded` as it is, with the engine-wide
     keys beside it, and the upstream engine reads `engine.upstream`."""
-    from cli.serve import build_engine
+    from reef.cli.serve import build_engine
     from reef.engines.upstream import UpstreamEngine
     from reef.settings import load_settings
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.engines.base import Completion
 from reef.engines.defaults import generation_defaults, sampling_tags
 from reef.models import SMOLLM2_SAMPLING, _add_sampling_defaults

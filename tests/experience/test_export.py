@@ -9,7 +9,7 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 
-from cli.main import main
+from reef.cli.main import main
 from reef.store.sql import SQLStore
 from tests.experience.conftest import append_release, record, report, session
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cli.main import main
+from reef.cli.main import main
 from reef.errors import BadRequest
 from reef.experience import collect
 from reef.export import export
@@ -179,8 +179,8 @@ def test_the_route_imports_a_body_a_scoped_token_may_send(tmp_path: Path) -> Non
     token 403, an oversize body 413; the records then serve as experience."""
     import httpx
 
-    from api.auth import hash_token
-    from cli.testing import InProcessReef
+    from reef.api.auth import hash_token
+    from reef.cli.testing import InProcessReef
 
     tokens = [
         {"name": "ops", "sha256": hash_token("sk-ops"), "admin": True},

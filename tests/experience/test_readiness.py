@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from api.app import create_app
-from cli.serve import build_engine
-from recipes.harness.recipe import HarnessRecipe
+from reef.api.app import create_app
+from reef.cli.serve import build_engine
 from reef.experience import collect
 from reef.readiness import EMPTY_POOL, readiness
+from reef.recipes.harness.recipe import HarnessRecipe
 from reef.settings import load_settings
 from reef.store.sql import SQLStore, open_store
 from tests.experience.conftest import record, report, session

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 
 @pytest.fixture(scope="module")

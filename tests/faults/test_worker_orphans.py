@@ -44,7 +44,7 @@ def _gone(proc: psutil.Process) -> bool:
 
 def _worker_and_server(srv: ReefServer) -> tuple[psutil.Process, psutil.Process]:
     assert srv.proc is not None
-    (worker,) = _children(psutil.Process(srv.proc.pid), "-m", "cli.worker")
+    (worker,) = _children(psutil.Process(srv.proc.pid), "-m", "reef.cli.worker")
     (server,) = _children(worker, "uvicorn", "prefect.server.api.server:create_app")
     assert server.ppid() == worker.pid
     return worker, server

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.errors import EngineUnavailable
 from reef.store.sql import open_store
 from reef.testing.traffic import traffic
@@ -23,8 +23,8 @@ S = "exactly-once"
 def test_a_verify_that_fails_once_still_publishes_once(
     tmp_path: Path, prefect_server: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows import release as release_flow
-    from flows.evolve import evolve
+    from reef.flows import release as release_flow
+    from reef.flows.evolve import evolve
 
     calls = {"n": 0}
     real = Variants.verify

@@ -10,14 +10,14 @@ from pathlib import Path
 import httpx
 import openai
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.traffic import traffic
 
 
 def test_a_full_checkpoint_release_serves_and_rolls_back(
     tmp_path: Path, prefect_server: None
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     with InProcessReef(tmp_path / "state") as srv:
         traffic(srv, "full", 2, report=lambda i, rid: {"score": 1.0}, max_tokens=3)

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.traffic import Report, traffic
 
 
@@ -54,7 +54,7 @@ def _chain(srv: InProcessReef, scenario: str) -> list[dict]:
 
 
 def test_random_scores_are_rejected(server: InProcessReef, prefect_server: None) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     rng = random.Random(7)
     scores = [1.0] * 12 + [0.0] * 12
@@ -76,7 +76,7 @@ def test_random_scores_are_rejected(server: InProcessReef, prefect_server: None)
 
 @pytest.mark.loop
 def test_consistent_preference_is_accepted(server: InProcessReef, prefect_server: None) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     # The user always wanted the answer "yes": every report corrects to it.
     _traffic(server, "pref", lambda i, rid: {"score": 0.0, "feedback": {"correction": "yes"}})
@@ -104,7 +104,7 @@ def test_a_batch_with_nothing_to_learn_is_consumed(
 ) -> None:
     """No answer passed SFT's threshold and none was corrected: the run says so, consumes the
     batch (or every later report would retrain on it), and the head stays."""
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     _traffic(server, "zeros", lambda i, rid: {"score": 0.0})
     before = _chain(server, "zeros")

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.traffic import traffic
 
 
@@ -31,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
 def test_a_candidate_that_breaks_a_guard_is_rejected_by_name(
     server: InProcessReef, prefect_server: None, tmp_path: Path
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     tasks = tmp_path / "guard.jsonl"
     tasks.write_text(

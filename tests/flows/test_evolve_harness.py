@@ -13,15 +13,15 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
-from deploy.engine import EngineAdmin
-from recipes.harness.episodes import (
+from reef.cli.testing import InProcessReef
+from reef.deploy.engine import EngineAdmin
+from reef.harness import Harness
+from reef.recipes.harness.episodes import (
     EpisodeError,
     Task,
     correction_scorer,
     paired_evaluation,
 )
-from reef.harness import Harness
 from reef.testing.process import free_port
 from reef.testing.traffic import traffic
 
@@ -73,8 +73,8 @@ def _chain(srv: InProcessReef, scenario: str) -> list[dict]:
 def test_failing_feedback_makes_a_candidate_the_gate_judges(
     server: InProcessReef, prefect_server: None
 ) -> None:
-    from flows.evolve import evolve
     from reef import registry
+    from reef.flows.evolve import evolve
 
     # 16 questions: some are evaluation samples (chosen by their content), the rest train
     _failing_traffic(server, "fails", 16)
@@ -115,8 +115,8 @@ def test_failing_feedback_makes_a_candidate_the_gate_judges(
 def test_an_accepted_harness_is_released_and_serves(
     server: InProcessReef, prefect_server: None
 ) -> None:
-    from flows.evolve import evolve
     from reef import registry
+    from reef.flows.evolve import evolve
 
     _failing_traffic(server, "always")
     base = _chain(server, "always")[0]
@@ -161,7 +161,7 @@ def test_an_upstream_engine_evolves_its_harness(
 ) -> None:
     """No weights to train (a hosted model): the harness still evolves, is released on the
     chain and served; an executable one waits for review and is promoted."""
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     with InProcessReef(tmp_path_factory.mktemp("back")) as back:
         upstream = {"kind": "upstream", "upstream": {"url": back.base_url}}
@@ -280,8 +280,8 @@ def _job(srv: InProcessReef, scenario: str, text: str) -> str:
 def test_an_instruction_becomes_a_candidate_held_for_review(
     server: InProcessReef, prefect_server: None, mode: str
 ) -> None:
-    from flows.instruct import instruct
     from reef import registry
+    from reef.flows.instruct import instruct
 
     scenario = f"ask-{mode}"
     _failing_traffic(server, scenario)

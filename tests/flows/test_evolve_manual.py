@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.traffic import traffic
 
 
@@ -38,7 +38,7 @@ def _traffic(srv: InProcessReef, scenario: str) -> None:
 def _run_until_pending(
     srv: InProcessReef, scenario: str
 ) -> tuple[dict[str, Any], threading.Thread, dict[str, Any]]:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     out: dict[str, Any] = {}
 

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
-from flows.judging import Judging
+from reef.cli.testing import InProcessReef
+from reef.flows.judging import Judging
 from reef.settings import JudgeSettings
 from reef.store.sql import open_store
 
@@ -55,7 +55,7 @@ def _session(client: openai.OpenAI, question: str, reaction: str) -> str:
 def test_openclaw_learns_from_judged_reactions(
     server: InProcessReef, tmp_path: Path, prefect_server: None
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     client = openai.OpenAI(
         base_url=server.base_url, api_key="x", default_headers={"x-reef-scenario": SCENARIO}

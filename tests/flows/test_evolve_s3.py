@@ -10,7 +10,7 @@ import boto3
 import httpx
 import openai
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.traffic import traffic
 
 
@@ -20,7 +20,7 @@ def test_evolve_with_artifacts_on_s3(
     s3_bucket: str,
     prefect_server: None,
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     url = f"s3://{s3_bucket}/reef"
     artifacts = {"url": url, "s3_endpoint_url": s3_endpoint}

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import yaml
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.traffic import traffic
 
 SEED = """
@@ -30,7 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
 def test_seed_config_evolves_one_rollout_at_a_time(
     server: InProcessReef, tmp_path: Path, prefect_server: None
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     config = tmp_path / "seed.yaml"
     config.write_text(SEED + "gate: {policy: always}\n")

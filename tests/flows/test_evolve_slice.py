@@ -11,8 +11,8 @@ import httpx
 import pytest
 import yaml
 
-from cli.main import main
-from cli.testing import InProcessReef
+from reef.cli.main import main
+from reef.cli.testing import InProcessReef
 from reef.store.sql import open_store
 from reef.testing.traffic import traffic
 

@@ -33,7 +33,7 @@ def otlp() -> Iterator[OTLPReceiver]:
 def test_runs_are_traced_and_a_failed_run_is_an_event(
     tmp_path: Path, prefect_server: None, otlp: OTLPReceiver
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     hooks = HookReceiver(tmp_path / "reef.db")
     hooks.thread.start()

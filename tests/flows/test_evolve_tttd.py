@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
 from demo.discover.harness import Config, Reef
 from demo.discover.packing import prompt
-from recipes.tttd.grid import grid_metadata
+from reef.cli.testing import InProcessReef
+from reef.recipes.tttd.grid import grid_metadata
 
 G, R = 2, 3
 
@@ -30,7 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
 def test_the_grid_barrier_through_the_evolve_flow(
     server: InProcessReef, tmp_path: Path, prefect_server: None
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     overrides = {
         "server": {"state_dir": str(server.state_dir), "port": server.port},

@@ -45,7 +45,7 @@ def urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
 
 @pytest.fixture
 def run_flow(prefect_server: None) -> Any:
-    from flows.experience import materialize_experience
+    from reef.flows.experience import materialize_experience
 
     return materialize_experience
 

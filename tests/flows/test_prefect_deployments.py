@@ -142,7 +142,7 @@ def test_run_once_submits_and_a_pool_worker_runs_it(
 ) -> None:
     from prefect.client.schemas.objects import StateType
 
-    from flows import worker
+    from reef.flows import worker
     from reef.settings import load_settings
     from reef.store.sql import open_store
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 from reef.testing.traffic import traffic
 
 ROLLOUT = {
@@ -107,7 +107,7 @@ def _until_ended(
 def test_canary_promoted_then_a_worse_one_rolled_back(
     server: InProcessReef, prefect_server: None
 ) -> None:
-    from flows.evolve import evolve
+    from reef.flows.evolve import evolve
 
     scenario = "rollout-loop"
     traffic(

@@ -20,10 +20,10 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
-from api.evolver import Evolver
-from cli.main import main as reef_cli
-from cli.testing import InProcessReef
-from flows.worker import run_once
+from reef.api.evolver import Evolver
+from reef.cli.main import main as reef_cli
+from reef.cli.testing import InProcessReef
+from reef.flows.worker import run_once
 from reef.settings import load_settings
 from reef.testing.traffic import traffic
 from tests.conftest import POSTGRES_ADMIN_URL
@@ -70,7 +70,7 @@ def _worker_argv(url: str, state: Path) -> tuple[str, str]:
         env = Path(f"/proc/{proc.pid}/environ").read_bytes().decode(errors="replace")
     finally:
         evolver.stop(timeout_s=60)
-    assert "cli.worker" in argv
+    assert "reef.cli.worker" in argv
     return argv, env
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from flows import weights
+from reef.flows import weights
 from reef.models import resolve_model
 from reef.recipe import Trained, TrainJob, WeightsRecipe, load_recipe
 from reef.settings import LoopSettings, TrainSettings

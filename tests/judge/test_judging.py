@@ -12,10 +12,10 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
-from flows.judging import Judging, build_judge, human_label
+from reef.cli.testing import InProcessReef
 from reef.experience import collect
 from reef.export import export
+from reef.flows.judging import Judging, build_judge, human_label
 from reef.judge import Exchange, judge_quality
 from reef.settings import JudgeSettings, Settings
 from reef.store.sql import open_store
@@ -311,7 +311,7 @@ def test_judge_quality_counts_void_unsure_drops_and_agreement_with_people() -> N
 def test_a_long_lived_worker_keeps_a_bounded_set_of_next_states() -> None:
     """The probe needs a turn's next state only if a person scores the turn: the worker keeps
     the most recent ones, and never drops one a person already scored."""
-    from flows.judging import NEXT_STATES_KEPT, _ScenarioState
+    from reef.flows.judging import NEXT_STATES_KEPT, _ScenarioState
 
     st = _ScenarioState()
     st.human["rec-0"] = 1.0  # scored before many later turns arrived

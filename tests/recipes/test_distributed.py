@@ -14,10 +14,10 @@ from typing import ClassVar
 
 import pytest
 
-from recipes.distributed import TrainingFailed, launch
 from reef.datasets import SCHEMAS
 from reef.errors import BadRequest, ConfigError
 from reef.recipe import Progress, Trained, TrainJob, WeightsRecipe, load_recipe
+from reef.recipes.distributed import TrainingFailed, launch
 from reef.settings import load_settings
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,8 +9,11 @@ import json
 
 import pytest
 
-from recipes.harness.episodes import correction_scorer, feedback_text, tasks_from_rows
-from recipes.harness.propose import (
+from reef.errors import ConfigError
+from reef.harness import Harness
+from reef.recipe import evolves_with, load_recipe
+from reef.recipes.harness.episodes import correction_scorer, feedback_text, tasks_from_rows
+from reef.recipes.harness.propose import (
     apply_valid,
     instruction_messages,
     parse_edits,
@@ -18,10 +21,7 @@ from recipes.harness.propose import (
     served,
     with_instruction,
 )
-from recipes.harness.recipe import HarnessRecipe, decode, encode
-from reef.errors import ConfigError
-from reef.harness import Harness
-from reef.recipe import evolves_with, load_recipe
+from reef.recipes.harness.recipe import HarnessRecipe, decode, encode
 
 SKILL = "---\nname: cite\ndescription: Cites sources.\n---\nCite.\n"
 HEAD = Harness({"AGENTS.md": "Be brief.\n", "skills/cite/SKILL.md": SKILL})

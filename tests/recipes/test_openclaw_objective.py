@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from recipes.openclaw.objective import opd_loss, overlaps, rl_loss, select_candidate
-from recipes.openclaw.recipe import OpenClawParams
-from recipes.openclaw.turns import turns_from
 from reef.datasets import SCHEMAS
 from reef.recipe import load_recipe
+from reef.recipes.openclaw.objective import opd_loss, overlaps, rl_loss, select_candidate
+from reef.recipes.openclaw.recipe import OpenClawParams
+from reef.recipes.openclaw.turns import turns_from
 
 # Three candidates (shortest hint first) over five response tokens.
 OVERLAP = torch.tensor(
@@ -78,9 +78,9 @@ def test_anchor_case_gives_zero_opd_gradient_at_step_0(tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from recipes.openclaw.learner import OpenClawLearner, Setup, response_logits
-    from recipes.openclaw.turns import JudgedTurn
     from reef.models import resolve_model
+    from reef.recipes.openclaw.learner import OpenClawLearner, Setup, response_logits
+    from reef.recipes.openclaw.turns import JudgedTurn
 
     model_dir = resolve_model("tiny", tmp_path / "models")
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -172,9 +172,9 @@ def test_without_the_anchor_an_unhinted_turn_trains_on_its_reward_alone(tmp_path
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from recipes.openclaw.learner import OpenClawLearner
-    from recipes.openclaw.turns import JudgedTurn
     from reef.models import resolve_model
+    from reef.recipes.openclaw.learner import OpenClawLearner
+    from reef.recipes.openclaw.turns import JudgedTurn
 
     model_dir = resolve_model("tiny", tmp_path / "models")
     prompt, completion = (1, 5, 9, 12, 3), (7, 8, 2, 4)

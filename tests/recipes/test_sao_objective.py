@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from recipes.sao.objective import (
+from reef.recipes.sao.objective import (
     dis_calibration,
     explained_variance,
     length_adaptive_lambda,

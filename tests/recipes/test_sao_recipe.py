@@ -26,7 +26,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED_CONFIG = {"recipe": "recipes.sao.recipe:SAORecipe", "batch_size": 1, "max_staleness": 18}
+SEED_CONFIG = {"recipe": "reef.recipes.sao.recipe:SAORecipe", "batch_size": 1, "max_staleness": 18}
 # The default LoRA rate (1e-5) is sized for hundreds of updates; one update should show here.
 FAST = {"policy_lr": 1e-3}
 
@@ -127,7 +127,7 @@ def rollout_logprob(base_dir: Path, adapter: Path | None, row: dict[str, Any]) -
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from recipes.sao.learner import response_logprobs
+    from reef.recipes.sao.learner import response_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     if adapter is not None:
@@ -161,7 +161,7 @@ def test_params_from_yaml_and_refusals() -> None:
 
 
 def test_rows_that_cannot_train_are_dropped_and_counted(tiny: tuple[Any, Any]) -> None:
-    from recipes.sao.rollouts import rollouts_from
+    from reef.recipes.sao.rollouts import rollouts_from
 
     good = make_row(tiny, "What is 2 + 2?", 1.0, seed=1)
     rows = [
@@ -185,7 +185,7 @@ def test_rows_that_cannot_train_are_dropped_and_counted(tiny: tuple[Any, Any]) -
 
 
 def test_nothing_to_train_without_logprobs(tiny_dir: Path, tiny: Any, tmp_path: Path) -> None:
-    from recipes.training import NothingToTrain
+    from reef.recipes.training import NothingToTrain
 
     row = make_row(tiny, "Hello!", 1.0, seed=2) | {"logprobs": None}
     with pytest.raises(NothingToTrain, match="no_logprobs: 1"):
@@ -227,7 +227,7 @@ def test_one_update_follows_the_reward(
 def test_the_next_release_continues_the_critic(tiny_dir: Path, tiny: Any, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from recipes.sao.critic import CriticLora, critic_path, load_critic
+    from reef.recipes.sao.critic import CriticLora, critic_path, load_critic
 
     rows = [
         make_row(tiny, "What is 3 + 4?", 1.0, seed=4),

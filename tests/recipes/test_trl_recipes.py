@@ -268,7 +268,7 @@ def test_rounds_share_the_base_weights_and_leave_them_as_read(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipes.training import shared_base
+    from reef.recipes.training import shared_base
 
     train(fast("sft", full=True, max_steps=1), tiny, sft_table(), tmp_path / "full")
     first, second = shared_base(tiny), shared_base(tiny)
@@ -364,7 +364,7 @@ def test_dpo_skips_ties(tiny: Path, tmp_path: Path) -> None:
 # grpo -----------------------------------------------------------------------------------
 def digits(completions: Sequence[Any], **_: Any) -> list[float]:
     """A reward the random tiny model can climb fast: how many digits the answer has."""
-    from recipes.scorers import completion_text
+    from reef.recipes.scorers import completion_text
 
     return [float(sum(ch.isdigit() for ch in completion_text(c))) for c in completions]
 
@@ -427,7 +427,7 @@ def test_grpo_climbs_its_verifier(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_grpo_default_verifier() -> None:
-    from recipes.scorers import at_most_five_words
+    from reef.recipes.scorers import at_most_five_words
 
     recipe = load_recipe("grpo")
     assert recipe.scorer() is at_most_five_words
@@ -478,7 +478,7 @@ def test_bad_params_are_config_errors(name: str, overrides: dict[str, Any], says
 
 def test_bad_reward_path_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="nowhere"):
-        load_recipe("grpo", {"reward": "recipes.scorers:nowhere"}).scorer()
+        load_recipe("grpo", {"reward": "reef.recipes.scorers:nowhere"}).scorer()
 
 
 def test_importing_the_recipes_does_not_load_torch() -> None:

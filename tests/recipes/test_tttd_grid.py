@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from recipes.tttd.grid import grid_metadata, select, slot_of
 from reef.errors import ConfigError
 from reef.recipe import load_recipe
+from reef.recipes.tttd.grid import grid_metadata, select, slot_of
 
 G, R = 2, 3
 

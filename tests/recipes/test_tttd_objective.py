@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from recipes.tttd.objective import (
+from reef.recipes.tttd.objective import (
     BETA_CAP,
     TARGET_KL,
     adaptive_beta,

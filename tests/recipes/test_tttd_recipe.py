@@ -13,11 +13,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from recipes.tttd.grid import grid_metadata
 from reef.datasets import SCHEMAS
 from reef.errors import ReefError
 from reef.models import resolve_model
 from reef.recipe import TrainJob, load_recipe
+from reef.recipes.tttd.grid import grid_metadata
 from tests.recipes.test_sao_recipe import rollout_logprob, sample
 
 pytestmark = pytest.mark.filterwarnings(
@@ -140,7 +140,7 @@ def test_an_incomplete_grid_does_not_train(tiny_dir: Path, tiny: Any, tmp_path: 
 
 
 def test_the_release_metadata_caps_a_long_program() -> None:
-    from recipes.tttd.learner import METADATA_PROGRAM_CHARS, best_metadata
+    from reef.recipes.tttd.learner import METADATA_PROGRAM_CHARS, best_metadata
 
     program = "x = 1\n" * 3000
     meta = best_metadata({"reward": 1.5, "step": 3, "record_id": "rec_1", "program": program})

@@ -112,7 +112,7 @@ def _evolve_on_the_pool(stack: dict[str, Any]) -> str:
     """Submit an evolve run of the scenario as two replicas' workers would when they both see
     the batch ready (the second finds the first's run in flight), then run the pool's process
     worker until it is done; its log."""
-    from flows import worker
+    from reef.flows import worker
     from reef.settings import load_settings
 
     config = str(stack["config"])

@@ -22,7 +22,7 @@ import openai
 import pytest
 import yaml
 
-from api.auth import hash_token
+from reef.api.auth import hash_token
 from reef.testing.process import ReefServer
 from tests.reefserver import wait_for
 

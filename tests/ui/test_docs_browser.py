@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(600)]
 

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from cli.testing import InProcessReef
+from reef.cli.testing import InProcessReef
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(600)]
 

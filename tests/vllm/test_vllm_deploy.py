@@ -22,8 +22,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from deploy.engine import DeployError, EngineAdmin
-from deploy.release import deploy
+from reef.deploy.engine import DeployError, EngineAdmin
+from reef.deploy.release import deploy
 from reef.engines.vllm import VllmServer
 from reef.records import Release, new_id, utcnow
 from reef.store.base import Store

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from deploy.engine import EngineAdmin
+from reef.deploy.engine import EngineAdmin
 from reef.testing.process import ReefServer
 from tests.engines.test_embedded_releases import lora
 from tests.vllm.conftest import VLLM_ARGS, VLLM_PYTHON

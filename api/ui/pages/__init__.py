@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.ui.pages import candidates, curves, jobs, overview, quotas, records, releases, signin
+from reef.api.ui.pages import candidates, curves, jobs, overview, quotas, records, releases, signin
 
 router = APIRouter()
 for noun in (signin, overview, records, releases, candidates, curves, jobs, quotas):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.ui.pages.common import admin_form, back, call, links, page, release_id, render, scoped
-from api.ui.views.candidates import candidate_rows
+from reef.api.ui.pages.common import admin_form, back, call, links, page, release_id, render, scoped
+from reef.api.ui.views.candidates import candidate_rows
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 

@@ -16,10 +16,10 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from api.services import Services, check_scenario_name, services
-from api.ui.signin import SignInRequired, Viewer, checked_form, viewer
-from api.ui.views.releases import Links
-from api.ui.views.text import age, num, short
+from reef.api.services import Services, check_scenario_name, services
+from reef.api.ui.signin import SignInRequired, Viewer, checked_form, viewer
+from reef.api.ui.views.releases import Links
+from reef.api.ui.views.text import age, num, short
 from reef.errors import BadRequest, ReefError
 
 templates = Jinja2Templates(directory=str(Path(__file__).parents[1] / "templates"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.ui.pages.common import call, page, render, scoped
-from api.ui.views.curves import curve, curve_rows, figure_rows, figure_series
+from reef.api.ui.pages.common import call, page, render, scoped
+from reef.api.ui.views.curves import curve, curve_rows, figure_rows, figure_series
 from reef.errors import ReefError
 from reef.figures import load_figures
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.ui.pages.common import admin_form, back, call, page, render, scoped
-from api.ui.views.events import event_rows
+from reef.api.ui.pages.common import admin_form, back, call, page, render, scoped
+from reef.api.ui.views.events import event_rows
 from reef.errors import ServiceUnavailable
 
 router = APIRouter(prefix="/ui", include_in_schema=False)

@@ -8,10 +8,10 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.services import Services, services
-from api.ui.pages.common import call, page, render, scoped
-from api.ui.signin import viewer
-from api.ui.views.overview import OverviewRow, overview_row
+from reef.api.services import Services, services
+from reef.api.ui.pages.common import call, page, render, scoped
+from reef.api.ui.signin import viewer
+from reef.api.ui.views.overview import OverviewRow, overview_row
 from reef.readiness import Readiness, scenario_readiness
 
 router = APIRouter(prefix="/ui", include_in_schema=False)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.services import services
-from api.ui.pages.common import call, page, render
-from api.ui.signin import viewer
-from api.ui.views.quotas import quota_rows
+from reef.api.services import services
+from reef.api.ui.pages.common import call, page, render
+from reef.api.ui.signin import viewer
+from reef.api.ui.views.quotas import quota_rows
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 

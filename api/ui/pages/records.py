@@ -11,10 +11,10 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from api.services import Services
-from api.ui.pages.common import PAGE_SIZE, call, page, render, scoped
-from api.ui.signin import Viewer
-from api.ui.views.records import archived_feedback, record_rows, turns
+from reef.api.services import Services
+from reef.api.ui.pages.common import PAGE_SIZE, call, page, render, scoped
+from reef.api.ui.signin import Viewer
+from reef.api.ui.views.records import archived_feedback, record_rows, turns
 from reef.errors import BadRequest, NotFound
 from reef.records import Record, Report
 from reef.store.browse import RecordFilter

@@ -7,9 +7,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.services import Services
-from api.ui.pages.common import admin_form, back, call, links, page, release_id, render, scoped
-from api.ui.views.releases import diff, release_rows
+from reef.api.services import Services
+from reef.api.ui.pages.common import admin_form, back, call, links, page, release_id, render, scoped
+from reef.api.ui.views.releases import diff, release_rows
 from reef.errors import NotFound
 from reef.records import Candidate, Release
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from api.services import services
-from api.ui.pages.common import call, page, render
-from api.ui.signin import (
+from reef.api.services import services
+from reef.api.ui.pages.common import call, page, render
+from reef.api.ui.signin import (
     COOKIE,
     TTL_S,
     checked_form,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from api.ui.views.releases import Links, gate_numbers
+from reef.api.ui.views.releases import Links, gate_numbers
 from reef.records import Candidate, Release
 
 

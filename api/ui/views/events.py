@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from api.ui.views.text import short
+from reef.api.ui.views.text import short
 from reef.store.events import Delivery
 
 

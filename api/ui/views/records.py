@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.ui.views.text import short, text_of
+from reef.api.ui.views.text import short, text_of
 from reef.records import Record, Report
 from reef.store.browse import Feedback
 
