@@ -39,9 +39,11 @@ _HTTP_TYPES = {
 
 def error_body(err: ReefError, *, anthropic: bool = False) -> dict[str, Any]:
     """`{"error": {message, type, code, param}}`; Anthropic's routes add `"type": "error"`,
-    which makes the same body parse as an Anthropic error too."""
+    which makes the same body parse as an Anthropic error too. The message is the error's
+    public one (a store's failure does not name the database: the log has that)."""
+    message = err.public_message()
     body: dict[str, Any] = {
-        "error": {"message": err.message, "type": err.type, "code": err.code, "param": err.param}
+        "error": {"message": message, "type": err.type, "code": err.code, "param": err.param}
     }
     if anthropic:
         body = {"type": "error", **body}

@@ -25,6 +25,10 @@ pass through untouched anyway:
         "close_delay_s": 0.05,       # does to an idle keep-alive connection), this much later
     }
 
+`--chunk-delay-s S` writes every stream's chunks S apart, as `chunk_delay_s` does for one
+request (for clients whose wire format has no room for `echo_upstream`, Anthropic's through
+Reef's /v1/messages).
+
 A whole server can also stand in for one with a fixed capacity (a GPU server's batch):
 `--capacity N --service-s S` serves at most N chat completions at once, each taking S seconds
 (before any `delay_s`); the others wait in its line, as a saturated vLLM's do
@@ -93,10 +97,16 @@ class EchoServer:
     """What the server answers, independent of the transport."""
 
     def __init__(
-        self, models: list[str], api_key: str | None, capacity: int = 0, service_s: float = 0.0
+        self,
+        models: list[str],
+        api_key: str | None,
+        capacity: int = 0,
+        service_s: float = 0.0,
+        chunk_delay_s: float = 0.0,
     ):
         self.models = models
         self.api_key = api_key
+        self.chunk_delay_s = chunk_delay_s  # --chunk-delay-s: every stream's, unless steered
         # --capacity / --service-s: completions served at once, and how long each takes
         self.service_s = service_s
         self.slots = asyncio.Semaphore(capacity) if capacity > 0 else None
@@ -338,7 +348,7 @@ class _Connection(asyncio.Protocol):
             self._send(400, _error(400, "body is not a JSON object"), close=not keep)
             return
         control = body.get("echo_upstream") or {}
-        if control or self.server.service_s > 0:
+        if control or self.server.service_s > 0 or self.server.chunk_delay_s > 0:
             task = asyncio.get_running_loop().create_task(self._controlled(body, control, keep))
             _TASKS.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(_TASKS.discard)
@@ -412,7 +422,7 @@ class _Connection(asyncio.Protocol):
     ) -> None:
         """A stream whose chunks are written one by one, `chunk_delay_s` apart."""
         assert self.transport is not None
-        delay = float(control.get("chunk_delay_s", 0))
+        delay = float(control.get("chunk_delay_s", self.server.chunk_delay_s))
         die_after = control.get("die_after")
         self.transport.write(_stream_head(keep))
         for n, event in enumerate(chunks(self.server, body, control)):
@@ -466,8 +476,9 @@ async def serve(
     tls: ssl.SSLContext | None,
     capacity: int = 0,
     service_s: float = 0.0,
+    chunk_delay_s: float = 0.0,
 ) -> None:
-    server = EchoServer(models, api_key, capacity, service_s)
+    server = EchoServer(models, api_key, capacity, service_s, chunk_delay_s)
     loop = asyncio.get_running_loop()
     srv = await loop.create_server(lambda: _Connection(server), host, port, backlog=1024, ssl=tls)
     bound = srv.sockets[0].getsockname()[1]
@@ -493,6 +504,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--service-s", type=float, default=0.0, help="how long each completion takes (seconds)"
     )
+    p.add_argument(
+        "--chunk-delay-s", type=float, default=0.0, help="seconds between a stream's chunks"
+    )
     args = p.parse_args(argv)
     tls = None
     if args.tls_cert:
@@ -506,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
         tls,
         args.capacity,
         args.service_s,
+        args.chunk_delay_s,
     )
     try:
         import uvloop

@@ -186,8 +186,9 @@ def restore(args: argparse.Namespace) -> int:
 
 def evolve(args: argparse.Namespace) -> int:
     """Run the evolve flow for a scenario now (or submit a deployment run to a Prefect server)."""
-    from reef.flows.worker import run_once
+    from reef.flows.worker import run_once, tie_temporary_server
 
+    tie_temporary_server()  # a Prefect temporary server, if one starts, dies with the command
     overrides = _overrides(args)
     settings = load_settings(args.config, **overrides)
     config = str(args.config) if args.config else None

@@ -44,7 +44,7 @@ from reef.errors import BadRequest, Conflict, NotFound, ReefError
 from reef.gate import Decision
 from reef.harness import Harness, HarnessCache, changed_executable
 from reef.provenance import Provenance
-from reef.records import Candidate, Release, utcnow
+from reef.records import Candidate, Consumption, Release, utcnow
 from reef.settings import Settings
 from reef.store.base import Store
 from reef.store.events import Delivery
@@ -161,6 +161,7 @@ class ReleaseChain:
         approval: dict[str, Any] | None = None,
         attempts: int = 1,
         retry_delay_s: float = 5.0,
+        consumptions: Sequence[Consumption] = (),
     ) -> Release:
         """Deploy a pending candidate as the head, exactly once.
 
@@ -171,7 +172,9 @@ class ReleaseChain:
         (the engine unreachable or failing, 5xx, anything not a ReefError) is retried up to
         `attempts` times in all; the candidate is marked "failed" only when the last attempt
         fails, or at once for an error that will not pass (4xx: the head moved, a misfit).
-        `approval` (who approved a held candidate, and how) is recorded on the release."""
+        `approval` (who approved a held candidate, and how) is recorded on the release;
+        `consumptions` (the receipts of the batch the candidate was trained on) are written in
+        the head's compare-and-swap, so the batch is consumed if and only if the head moved."""
         scenario = candidate.scenario
         for attempt in range(1, attempts + 1):
             current = self.store.get_candidate(scenario, candidate.id)
@@ -189,7 +192,8 @@ class ReleaseChain:
                     release = dataclasses.replace(
                         release, metadata={**release.metadata, "approval": approval}
                     )
-                release = self._deploy(release, also=self._promoted(current, approval))
+                promoted = self._promoted(current, approval)
+                release = self._deploy(release, also=promoted, consumptions=consumptions)
                 return self._finish(current, release, redo=False)
             except Exception as e:
                 final = attempt == attempts or (isinstance(e, ReefError) and e.status < 500)
@@ -483,10 +487,14 @@ class ReleaseChain:
         return events.deliveries(self.settings.events, "rollout.promoted", candidate.scenario, data)
 
     def _deploy(
-        self, release: Release, model_uri: str | None = None, also: Sequence[Delivery] = ()
+        self,
+        release: Release,
+        model_uri: str | None = None,
+        also: Sequence[Delivery] = (),
+        consumptions: Sequence[Consumption] = (),
     ) -> Release:
-        """Deploy `release` (deploy.release.deploy); release.published and `also` are stored
-        with the head's move."""
+        """Deploy `release` (deploy.release.deploy); release.published, `also` and
+        `consumptions` are stored with the head's move."""
         if model_uri is not None:
             release = dataclasses.replace(release, model_uri=model_uri)
         told = [*events.published(self.settings.events, release), *also]
@@ -498,7 +506,13 @@ class ReleaseChain:
                 )
 
         published, timings = deploy(
-            self.store, self.engine, release, keep=self.keep, mirror=champion, events=told
+            self.store,
+            self.engine,
+            release,
+            keep=self.keep,
+            mirror=champion,
+            events=told,
+            consumptions=consumptions,
         )
         log.info(
             "release %s (seq %d) is the head of %s: %s",

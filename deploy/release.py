@@ -21,7 +21,7 @@ from reef import faults
 from reef.deploy.engine import EngineTarget, Fleet
 from reef.errors import ReefError
 from reef.harness import harness_of
-from reef.records import Release
+from reef.records import Consumption, Release
 from reef.store.chain import ChainStore
 from reef.store.events import Delivery
 from reef.variants import variant_name
@@ -37,10 +37,12 @@ def deploy(
     keep: int = 2,
     mirror: Callable[[Release], Any] | None = None,
     events: Sequence[Delivery] = (),
+    consumptions: Sequence[Consumption] = (),
 ) -> tuple[Release, dict[str, Any]]:
     """Stage, verify, publish (CAS on `release.parent_id`), mirror, retire; returns the stored
     release and the timings. `keep`: how many newest releases of the chain stay loaded;
-    `events` (reef.events) are stored with the head's move, in its transaction."""
+    `events` (reef.events) and `consumptions` (the receipts of the batch it was trained on)
+    are stored with the head's move, in its transaction."""
     timings: dict[str, Any] = {}
     release = _keep_harness(store, release)
     name = variant_name(release.scenario, release.weights_id)
@@ -61,7 +63,7 @@ def deploy(
         timings["verify"] = next(iter(verified.values())) if len(verified) == 1 else verified
     faults.reached("before_cas", release.scenario)
     try:
-        published = store.publish_release(release, events)
+        published = store.publish_release(release, events, consumptions)
     except BaseException:  # any failure before the head moved (HeadMoved, a kill) unstages
         fleet.unstage(name, staged)
         raise

@@ -32,6 +32,7 @@ from reef.errors import NothingToTrain, ReefError
 from reef.experience import Experience
 from reef.flows import harness, weights
 from reef.flows.experience import (
+    batch_receipts,
     consume,
     evaluation_samples,
     materialize_snapshot,
@@ -356,9 +357,9 @@ def release_candidate(
     candidate, decision = registered.candidate, registered.decision
 
     # The batch is consumed once the run has decided its candidate (rejected, declined, or
-    # published); a run that fails before that leaves it eligible, so it is tried again.
-    def consumed() -> None:
-        consume(run.settings.database_url, batch.experience, batch.trained_ids, candidate.id)
+    # published: then in the head's swap); a run that fails before that leaves it eligible,
+    # so it is tried again.
+    receipts = batch_receipts(batch.experience, batch.trained_ids, candidate.id)
 
     result: dict[str, Any] = {
         "status": candidate.status,
@@ -368,4 +369,4 @@ def release_candidate(
         "dataset": batch.snapshot.manifest(),
         "run_id": run_id,
     }
-    return {**result, **release(run.settings, registered, consumed)}
+    return {**result, **release(run.settings, registered, receipts)}

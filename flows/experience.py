@@ -13,6 +13,7 @@ from reef.contracts import ContractViolation, ValidationReport, validate
 from reef.datasets import Snapshot, load, materialize
 from reef.experience import Experience, Rule, collect
 from reef.recipe import RECIPES, recipe_class
+from reef.records import Consumption
 from reef.store.sql import open_store
 
 
@@ -81,12 +82,31 @@ def consume(
     """Consumption receipts for the samples a run trained on (accepted or not): late or repeated
     feedback never trains them again for this recipe. Evaluation samples are never consumed
     (reef.evaluation_pool)."""
-    from reef.experience import consume as write_receipts
+    return _store_receipts(database_url, batch_receipts(experience, sample_ids, batch_id))
 
+
+def batch_receipts(
+    experience: Experience, sample_ids: set[str], batch_id: str
+) -> list[Consumption]:
+    """The consumption receipts of the samples a run trained on (reef.experience.receipts):
+    what `consume` writes, or, for a published batch, the head's compare-and-swap."""
+    from reef.experience import receipts
+
+    samples = [s for s in experience.samples if s.sample_id in sample_ids]
+    return receipts(experience.scenario, experience.recipe, samples, batch_id)
+
+
+@task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def add_receipts(database_url: str, receipts: list[Consumption]) -> int:
+    """Store consumption receipts (idempotent: a receipt already stored stays)."""
+    return _store_receipts(database_url, receipts)
+
+
+def _store_receipts(database_url: str, receipts: list[Consumption]) -> int:
     store = open_store(database_url)
     try:
-        samples = [s for s in experience.samples if s.sample_id in sample_ids]
-        return write_receipts(store, experience.scenario, experience.recipe, samples, batch_id)
+        store.add_consumptions(receipts)
+        return len(receipts)
     finally:
         store.close()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,11 @@ from prefect.cache_policies import NO_CACHE
 
 from reef import faults
 from reef.deploy.chain import ReleaseChain
+from reef.flows.experience import add_receipts
 from reef.gate import Decision, GatePolicy, check_guard, decide, with_guards
 from reef.harness import Harness
 from reef.provenance import Provenance
-from reef.records import Candidate, Release, utcnow
+from reef.records import Candidate, Consumption, Release, utcnow
 from reef.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -144,12 +145,18 @@ def prefect_run() -> dict[str, Any]:
 # head, so only it can make a retry finish the job instead of publishing twice.
 @task(retries=0, cache_policy=NO_CACHE)
 def deploy(
-    settings: Settings, candidate: Candidate, approval: dict[str, Any] | None = None
+    settings: Settings,
+    candidate: Candidate,
+    approval: dict[str, Any] | None = None,
+    receipts: Sequence[Consumption] = (),
 ) -> Release:
-    """Stage + verify in the serving engine, then move the head (CAS) and the MLflow alias;
-    exactly once per candidate (deploy.chain.ReleaseChain.publish)."""
+    """Stage + verify in the serving engine, then move the head (CAS, with `receipts`, the
+    consumption of the candidate's batch) and the MLflow alias; exactly once per candidate
+    (deploy.chain.ReleaseChain.publish)."""
     with ReleaseChain.for_settings(settings) as chain:
-        release = chain.publish(candidate, approval=approval, attempts=DEPLOY_ATTEMPTS)
+        release = chain.publish(
+            candidate, approval=approval, attempts=DEPLOY_ATTEMPTS, consumptions=receipts
+        )
     get_run_logger().info(
         "release %s (seq %d) is the head of %s", release.id, release.seq, release.scenario
     )
@@ -157,15 +164,21 @@ def deploy(
 
 
 def release(
-    settings: Settings, registered: Registered, consumed: Callable[[], None]
+    settings: Settings, registered: Registered, receipts: Sequence[Consumption]
 ) -> dict[str, Any]:
-    """Carry out the gate's verdict on a registered candidate; `consumed` marks its batch
-    trained on once the candidate is decided (rejected, declined, or published). Returns the
+    """Carry out the gate's verdict on a registered candidate; `receipts` mark its batch
+    trained on once the candidate is decided: rejected, declined, held or a canary (stored
+    then), or published (stored in the head's compare-and-swap, so that a run killed right
+    after the swap cannot leave the release published and its batch unconsumed). Returns the
     status and, when published, the release."""
     import mlflow
 
     candidate, decision = registered.candidate, registered.decision
     logger = get_run_logger()
+
+    def consumed() -> None:
+        add_receipts(settings.database_url, list(receipts))
+
     if decision.status == "rejected":
         consumed()
         with ReleaseChain.for_settings(settings) as chain:
@@ -190,9 +203,8 @@ def release(
         consumed()
         mlflow.set_tag("reef.rollout", settings.rollout.for_scenario(candidate.scenario).mode)
         return {"status": started.status, "release_id": started.id}
-    published = deploy(settings, candidate, approval)
+    published = deploy(settings, candidate, approval, receipts)
     faults.reached("published", candidate.scenario)
-    consumed()
     recover(settings, candidate.scenario)
     mlflow.set_tag("reef.release_id", published.id)
     return {"status": "published", "release_id": published.id, "seq": published.seq}

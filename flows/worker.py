@@ -129,14 +129,83 @@ def preload() -> None:
 
 def warmup() -> None:
     """Start Prefect's temporary server now (~14 s) with a flow that does nothing, rather
-    than at the first evolve run."""
+    than at the first evolve run; one that dies with this process (`tie_temporary_server`)."""
     from prefect import flow
+
+    tie_temporary_server()
 
     @flow(name="reef-worker-warmup")
     def warmup() -> None:
         return None
 
     warmup()
+
+
+# Runs first in the temporary server's process, then becomes it (execv): it asks the kernel to
+# SIGKILL it when its parent dies (prctl PR_SET_PDEATHSIG = 1; kept across the exec), and exits
+# if the parent died before it asked. A killed worker's server would otherwise live on.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
+
+
+def tie_temporary_server() -> None:
+    """Make the temporary server Prefect starts for this process (no PREFECT_API_URL) die with
+    it, on Linux: Prefect's own stops it at exit only, so a SIGKILLed worker (the OOM killer,
+    a fault test) left it serving, orphaned, for good. Prefect looks its temporary server up
+    as a singleton (`SubprocessASGIServer()`): registered first, this subclass is the one it
+    starts. Call it from the main thread, before any flow runs: the kernel's parent-death
+    signal follows the thread that started the child, so a server started from another thread
+    (a run's, if this one's start failed) is started as Prefect does, untied."""
+    import sys
+    import threading
+
+    from prefect.server.api.server import SubprocessASGIServer
+
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return
+    if None not in SubprocessASGIServer._instances:  # not made yet (nor started)
+        _tied_server_class()()  # registers itself as the temporary server
+
+
+def _tied_server_class() -> type[Any]:
+    """Prefect's temporary server, started through `_DIE_WITH_PARENT` (a class made on first
+    use: prefect is imported lazily)."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    import prefect
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    class TiedServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+            if threading.current_thread() is not threading.main_thread():
+                return super()._run_uvicorn_command()
+            # As prefect 3's SubprocessASGIServer._run_uvicorn_command, behind the launcher.
+            uvicorn = [
+                *("-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)),
+                *("--factory", "prefect.server.api.server:create_app"),
+                *("--host", "127.0.0.1", "--port", str(self.port)),
+                *("--log-level", "error", "--lifespan", "on"),
+            ]
+            env = {
+                **os.environ,
+                "PREFECT_UI_ENABLED": "0",
+                "PREFECT__SERVER_EPHEMERAL": "1",
+                "PREFECT__SERVER_FINAL": "1",
+                **get_current_settings().to_environment_variables(exclude_unset=True),
+            }
+            launcher = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())]
+            return subprocess.Popen([*launcher, *uvicorn], env=env)
+
+    return TiedServer
 
 
 def in_flight(flow_run_id: str) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reef.errors import ConfigError, NotFound, StoreError
+from reef.errors import ArtifactStoreError, ConfigError, NotFound
 
 if TYPE_CHECKING:
     from reef.settings import Settings
@@ -59,7 +59,8 @@ class ArtifactStore(ABC):
 
     @abstractmethod
     def ping(self) -> None:
-        """Raise StoreError unless the store can be written now (readiness: no side effects)."""
+        """Raise ArtifactStoreError unless the store can be written now (readiness: no side
+        effects)."""
 
     # trees: a release's files (an adapter or a checkpoint directory) under one prefix -------
     def put_tree(self, prefix: str, path: Path) -> str:
@@ -88,7 +89,7 @@ class ArtifactStore(ABC):
             for rel, digest in manifest.items():
                 data = self.get_bytes(f"{prefix}/{rel}")
                 if hashlib.sha256(data).hexdigest() != digest:
-                    raise StoreError(
+                    raise ArtifactStoreError(
                         f"artifact {self.uri(prefix)}/{rel} does not match its manifest"
                     )
                 target = tmp / rel
@@ -157,7 +158,7 @@ class LocalArtifacts(ArtifactStore):
         while not place.exists() and place != place.parent:
             place = place.parent
         if not place.is_dir() or not os.access(place, os.W_OK | os.X_OK):
-            raise StoreError(f"artifact directory {self.root} is not writable")
+            raise ArtifactStoreError(f"artifact directory {self.root} is not writable")
 
     def fetch_tree(self, prefix: str, dest: Path) -> Path:
         """Already local: the tree's own directory, once its manifest says it is complete."""
@@ -189,7 +190,7 @@ class LocalArtifacts(ArtifactStore):
             os.replace(base, doomed)
             shutil.rmtree(doomed)
         except OSError as e:
-            raise StoreError(f"deleting {self.uri(prefix)} failed: {e}") from None
+            raise ArtifactStoreError(f"deleting {self.uri(prefix)} failed: {e}") from None
         return n
 
 
@@ -247,7 +248,7 @@ class S3Artifacts(ArtifactStore):
         try:  # a single PUT is atomic on S3: the object appears whole or not at all
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
         except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"writing {self.uri(key)} failed: {e}") from None
+            raise ArtifactStoreError(f"writing {self.uri(key)} failed: {e}") from None
         return self.uri(key)
 
     def get_bytes(self, key: str) -> bytes:
@@ -259,9 +260,9 @@ class S3Artifacts(ArtifactStore):
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise NotFound(f"artifact '{self.uri(key)}' not found") from None
-            raise StoreError(f"reading {self.uri(key)} failed: {e}") from None
+            raise ArtifactStoreError(f"reading {self.uri(key)} failed: {e}") from None
         except BotoCoreError as e:
-            raise StoreError(f"reading {self.uri(key)} failed: {e}") from None
+            raise ArtifactStoreError(f"reading {self.uri(key)} failed: {e}") from None
 
     def list_keys(self, prefix: str) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -275,7 +276,7 @@ class S3Artifacts(ArtifactStore):
                 for obj in page.get("Contents", []):
                     keys.append(f"{prefix}/{obj['Key'][len(start) :]}")
         except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"listing {self.uri(prefix)} failed: {e}") from None
+            raise ArtifactStoreError(f"listing {self.uri(prefix)} failed: {e}") from None
         return sorted(keys)
 
     def delete_prefix(self, prefix: str) -> int:
@@ -296,13 +297,13 @@ class S3Artifacts(ArtifactStore):
                 )
                 if answer.get("Errors"):
                     first = answer["Errors"][0]
-                    raise StoreError(
+                    raise ArtifactStoreError(
                         f"deleting {self.uri(prefix)} failed: {len(answer['Errors'])} keys "
                         f"were not deleted ({first.get('Key')}: {first.get('Message')})"
                     )
                 n += len(objects)
         except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"deleting {self.uri(prefix)} failed: {e}") from None
+            raise ArtifactStoreError(f"deleting {self.uri(prefix)} failed: {e}") from None
         return n
 
     def ping(self) -> None:
@@ -311,7 +312,7 @@ class S3Artifacts(ArtifactStore):
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"bucket {self.bucket} is unreachable: {e}") from None
+            raise ArtifactStoreError(f"bucket {self.bucket} is unreachable: {e}") from None
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -322,9 +323,9 @@ class S3Artifacts(ArtifactStore):
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
-            raise StoreError(f"looking up {self.uri(key)} failed: {e}") from None
+            raise ArtifactStoreError(f"looking up {self.uri(key)} failed: {e}") from None
         except BotoCoreError as e:
-            raise StoreError(f"looking up {self.uri(key)} failed: {e}") from None
+            raise ArtifactStoreError(f"looking up {self.uri(key)} failed: {e}") from None
 
     def uri(self, key: str) -> str:
         path = self._key(key) if key else self.prefix

@@ -21,6 +21,11 @@ class ReefError(Exception):
             self.code = code
         self.param = param
 
+    def public_message(self) -> str:
+        """What the HTTP boundary tells the client: the message, unless the error's class
+        says less (its message can name what a client must not see)."""
+        return self.message
+
 
 class ConfigError(ReefError):
     """Invalid settings or YAML: raised at start, never while serving."""
@@ -181,9 +186,23 @@ class UpstreamRejected(ReefError):
 
 
 class StoreError(ReefError):
+    """The database (or, as ArtifactStoreError, the artifact store) failed. The message is the
+    driver's, which names the database's host, port, user and name: it goes to the server's
+    log, and the client is told only which store failed and when to retry."""
+
     status = 503
     type = "server_error"
     code = "store_unavailable"
     # Sent as Retry-After: a database that refused a write is often back within seconds (a
     # restart, a failover), and the OpenAI and Anthropic SDKs retry a 503 after it.
     retry_after_s = 2
+    store = "record store"
+
+    def public_message(self) -> str:
+        return f"the {self.store} is unavailable; retry after {self.retry_after_s} s"
+
+
+class ArtifactStoreError(StoreError):
+    """The artifact store (a directory or an S3 bucket) failed."""
+
+    store = "artifact store"

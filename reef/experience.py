@@ -15,6 +15,9 @@ Each candidate sample is then checked, and a failing one is dropped alone with o
 reason (the first that applies, in this order):
 
 - "missing_record":  a quoted record is not in the scenario any more;
+- "incomplete":      a quoted record is a stream cut before its end (reef.records.INCOMPLETE_TAG):
+                     its answer is only what was streamed before the engine failed or the
+                     client left;
 - "not_selected":    with `tags` (the loop's `reef.select`), a record lacks one of them: the
                      sample belongs to another agent, role or user of the scenario;
 - "consumed":        a record was already trained on by this recipe (consumption receipts);
@@ -57,7 +60,15 @@ import orjson
 from reef import gcpause, responses
 from reef.anthropic import assistant_message, to_openai
 from reef.errors import BadRequest
-from reef.records import IMPORTED_TAG, Consumption, Record, Report, content_hash, utcnow
+from reef.records import (
+    IMPORTED_TAG,
+    INCOMPLETE_TAG,
+    Consumption,
+    Record,
+    Report,
+    content_hash,
+    utcnow,
+)
 from reef.samples import (
     Kind,
     PreferenceSample,
@@ -388,6 +399,9 @@ def _collect(
         if len(records) != len(key):
             dropped["missing_record"] += 1
             continue
+        if any(INCOMPLETE_TAG in r.tags for r in records):
+            dropped["incomplete"] += 1
+            continue
         if selected and any(not selected <= r.tags.items() for r in records):
             dropped["not_selected"] += 1
             continue
@@ -539,15 +553,24 @@ def _pairs(
 
 
 # consumption ---------------------------------------------------------------------
+def receipts(
+    scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
+) -> list[Consumption]:
+    """The consumption receipts for every record of `samples` (trained on in `batch_id`): once
+    stored, later or repeated feedback never trains them again for `recipe`. A published
+    batch's are stored with its release's compare-and-swap (ReleaseChain.publish)."""
+    now = utcnow()
+    ids = sorted({rid for s in samples for rid in s.record_ids})
+    return [Consumption(scenario, recipe, rid, batch_id, now) for rid in ids]
+
+
 def consume(
     store: ReportStore, scenario: str, recipe: str, samples: Sequence[Sample], batch_id: str
 ) -> int:
-    """Write consumption receipts for every record of `samples` (trained on in `batch_id`), so
-    later or repeated feedback never trains them again for `recipe`. Returns receipts written."""
-    now = utcnow()
-    ids = sorted({rid for s in samples for rid in s.record_ids})
-    store.add_consumptions([Consumption(scenario, recipe, rid, batch_id, now) for rid in ids])
-    return len(ids)
+    """Write the consumption receipts of `samples` (`receipts`). Returns receipts written."""
+    made = receipts(scenario, recipe, samples, batch_id)
+    store.add_consumptions(made)
+    return len(made)
 
 
 def dumps(obj: Any) -> str:

@@ -9,9 +9,9 @@ loses power or the kernel's OOM killer picks it. The points, in a run's order: `
 (the snapshot written, nothing consumed), `trained` (the candidate's files made, nothing
 evaluated), `evaluated` (the gate decided, nothing registered), `registered` (the candidate
 and its MLflow version stored, not deployed), `before_cas` (staged and verified in the engine,
-the head not moved), `after_cas` (the head moved; the candidate's status, the MLflow alias and
-the batch's consumption not yet written), `published` (all of that written but the batch's
-consumption)."""
+the head not moved), `after_cas` (the head moved, and in the same transaction the batch's
+consumption receipts; the candidate's status and the MLflow alias not yet written),
+`published` (all of that written; the run's recover not yet run)."""
 
 from __future__ import annotations
 

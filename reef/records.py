@@ -201,6 +201,12 @@ class SettingsVersion:
 # like any other, never served traffic.
 IMPORTED_TAG = "reef.imported"
 
+# The tag of a streamed exchange cut before its end, its value why: "engine_error" (the engine
+# failed mid-stream) or "stream_closed" (the client left, or the server stopped). The record
+# holds what was streamed so far, so that the receipt the stream's headers carried names it; it
+# is never experience (reef.experience drops it as "incomplete").
+INCOMPLETE_TAG = "reef.incomplete"
+
 
 @dataclass(frozen=True)
 class Record:

@@ -19,11 +19,12 @@ from typing import Any, Protocol
 from reef import anthropic, logs, responses
 from reef.admission import Admission, Slot
 from reef.engines.base import Completion, Engine, ServesResponses
+from reef.engines.chunks import assemble
 from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
 from reef.harness import Harness, HarnessCache
 from reef.limits import Limits
-from reef.records import Record, Scenario, new_id, utcnow
+from reef.records import INCOMPLETE_TAG, Record, Scenario, new_id, utcnow
 from reef.rollouts import Arm, Rollouts, served_release
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.shadow import Shadows
@@ -166,6 +167,8 @@ class Serving:
         # Idempotency-Keys in flight: (scenario, route, key) -> (record id, its answer to come;
         # None when that call failed). A key names a request of one route only.
         self._keys: dict[tuple[str, str, str], tuple[str, asyncio.Future[Record | None]]] = {}
+        # The records of cut streams being written (held so that the tasks are not collected).
+        self._cut_writes: set[asyncio.Task[None]] = set()
 
     async def scenario(self, name: str) -> Scenario:
         """The scenario, created with its base release on first use."""
@@ -651,11 +654,15 @@ class Serving:
         slot: Slot | None = None,
     ) -> AsyncIterator[dict[str, Any] | tuple[Record, Completion]]:
         record: Record | None = None
+        sent: list[dict[str, Any]] = []  # the chunks handed on: a cut stream's record
+        finished = False
         try:
             item = first
             while not isinstance(item, Completion):
+                sent.append(item)
                 yield item
                 item = await anext(source)
+            finished = True
             if slot is not None:  # the engine is done with it; the record is written next
                 slot.release()
             made = self._record(call, render(item.response), item, t0)
@@ -672,11 +679,69 @@ class Serving:
             record = made
             self._shadow(call, record, item)
             yield record, item
+        except BaseException as e:
+            if not finished and sent:
+                await self._keep_cut(call, sent, render, t0, e)
+            raise
         finally:
             if slot is not None:
                 slot.release()
             self._end(call, record)
             await _close(source)
+
+    async def _keep_cut(
+        self,
+        call: Call,
+        sent: list[dict[str, Any]],
+        render: Render,
+        t0: float,
+        cause: BaseException,
+    ) -> None:
+        """A stream cut before its end still gets a record under the receipt its headers
+        carried: what was streamed so far, tagged reef.incomplete with why. Stored without the
+        call's Idempotency-Key (a retry with the key runs again instead of replaying the cut
+        answer). An engine failure's record is durable before the route sends the error event;
+        a stream closed from outside (the client left: a cancellation, or the generator closed)
+        may await nothing more, so its record is written by a task of its own."""
+        reason = "engine_error" if isinstance(cause, Exception) else "stream_closed"
+        try:
+            record = self._cut_record(call, sent, render, t0, reason)
+        except Exception:
+            log.exception(
+                "stream %s was cut (%s); its record could not be made", call.record_id, reason
+            )
+            return
+        if reason == "engine_error":
+            await self._store_cut(call, record)
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._store_cut(call, record))
+        except RuntimeError:  # the loop is gone (a stream collected after shutdown)
+            log.error("stream %s was cut after the server stopped: no record", call.record_id)
+            return
+        self._cut_writes.add(task)
+        task.add_done_callback(self._cut_writes.discard)
+
+    def _cut_record(
+        self, call: Call, sent: list[dict[str, Any]], render: Render, t0: float, reason: str
+    ) -> Record:
+        response: dict[str, Any]
+        partial: dict[str, Any]
+        if call.native:  # Responses events: the newest state of the response they carried
+            objects = (e["response"] for e in reversed(sent) if isinstance(e.get("response"), dict))
+            response = partial = next(objects, {})
+        else:  # chat.completion chunks: the answer they add up to, in the route's form
+            partial = assemble(sent)
+            response = render(partial)
+        made = self._record(call, _unfinished(response), Completion(response=partial), t0)
+        tags = {**made.tags, INCOMPLETE_TAG: reason}
+        return dataclasses.replace(made, tags=tags, idempotency_key=None)
+
+    async def _store_cut(self, call: Call, record: Record) -> None:
+        try:
+            await self._commit(call, record)
+        except Exception as e:
+            log.error("stream %s was cut; storing what it sent failed: %s", record.id, e)
 
 
 def _same_request(stored: Record, key: str, body: dict[str, Any]) -> Record:
@@ -686,6 +751,18 @@ def _same_request(stored: Record, key: str, body: dict[str, Any]) -> Record:
             f"(record '{stored.id}'); use a new key for a new request"
         )
     return stored
+
+
+def _unfinished(response: dict[str, Any]) -> dict[str, Any]:
+    """A cut stream's answer in its route's form, saying that it did not end: an Anthropic
+    message without a stop_reason, a Responses object `incomplete` (a chat.completion's
+    finish_reason is null already)."""
+    out = dict(response)
+    if "stop_reason" in out:
+        out["stop_reason"] = None
+    if out.get("object") == "response":
+        out["status"] = "incomplete"
+    return out
 
 
 async def _close(source: AsyncIterator[Any]) -> None:

@@ -11,11 +11,19 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from reef.errors import BadRequest, Conflict, HeadMoved, NotFound, ReefError, StoreError
-from reef.records import CANDIDATE_STATUSES, RELEASE_OPERATIONS, Candidate, Release, utcnow
+from reef.records import (
+    CANDIDATE_STATUSES,
+    RELEASE_OPERATIONS,
+    Candidate,
+    Consumption,
+    Release,
+    utcnow,
+)
 from reef.store import tables
 from reef.store.connect import describe_error
 from reef.store.database import Database
 from reef.store.events import Delivery, insert_deliveries
+from reef.store.reports import insert_consumptions
 from reef.store.rows import candidate_of, candidate_row, release_of, release_row
 
 
@@ -32,11 +40,17 @@ class ChainStore(Protocol):
         """The release the scenario serves now."""
         ...
 
-    def publish_release(self, release: Release, events: Sequence[Delivery] = ()) -> Release:
+    def publish_release(
+        self,
+        release: Release,
+        events: Sequence[Delivery] = (),
+        consumptions: Sequence[Consumption] = (),
+    ) -> Release:
         """Append `release` to its scenario's chain and make it the head, if and only if the
         head is still `release.parent_id` (compare-and-swap, atomic across processes).
-        `events` (reef.events) are stored in the same transaction: they exist if and only if
-        the head moved.
+        `events` (reef.events) and `consumptions` (the receipts of the batch the release was
+        trained on) are stored in the same transaction: they exist if and only if the head
+        moved.
 
         Returns the stored release: its `seq` is the parent's + 1 and its `created_at` the
         time of publishing, whatever the argument said. HeadMoved (nothing written) when the
@@ -102,7 +116,12 @@ class SQLChain(Database, ChainStore):
             raise NotFound(f"scenario '{scenario}' not found")
         return release_of(row)
 
-    def publish_release(self, release: Release, events: Sequence[Delivery] = ()) -> Release:
+    def publish_release(
+        self,
+        release: Release,
+        events: Sequence[Delivery] = (),
+        consumptions: Sequence[Consumption] = (),
+    ) -> Release:
         name, parent = release.scenario, release.parent_id
         if parent is None:
             raise BadRequest(
@@ -136,6 +155,7 @@ class SQLChain(Database, ChainStore):
                 stored = dataclasses.replace(release, seq=parent_seq + 1, created_at=utcnow())
                 conn.execute(insert(t).values(release_row(stored)))
                 insert_deliveries(conn, events)
+                insert_consumptions(conn, consumptions)
         except IntegrityError as e:
             # Rolled back: the release id is taken, or another writer took seq + 1 (which
             # the swap above should make impossible, but the unique constraint is the proof).

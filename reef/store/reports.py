@@ -162,28 +162,12 @@ class SQLReports(Database, ReportStore):
     def add_consumptions(self, consumptions: Sequence[Consumption]) -> None:
         if not consumptions:
             return
-        rows = [
-            {
-                "scenario": c.scenario,
-                "recipe": c.recipe,
-                "record_id": c.record_id,
-                "batch_id": c.batch_id,
-                "created_at": c.created_at,
-            }
-            for c in consumptions
-        ]
-        # A receipt already stored stays as it is (the first batch that consumed it wins).
-        dialect_insert = sqlite.insert if self._sqlite else postgresql.insert
-        stmt = dialect_insert(tables.consumptions).on_conflict_do_nothing(
-            index_elements=["scenario", "recipe", "record_id"]
-        )
-        what = f"adding {len(rows)} consumption receipts"
+        what = f"adding {len(consumptions)} consumption receipts"
         try:
             with self._tx(what, write=True) as conn:
-                for i in range(0, len(rows), IN_CHUNK):
-                    conn.execute(stmt, rows[i : i + IN_CHUNK])
+                insert_consumptions(conn, consumptions)
         except IntegrityError as e:
-            with self._tx(f"checking a failed insert of {len(rows)} consumption receipts") as conn:
+            with self._tx(f"checking a failed insert of {what}") as conn:
                 for name in sorted({c.scenario for c in consumptions}):
                     self._require_scenario(conn, name)  # NotFound names the missing one
             raise StoreError(f"{what} failed: {describe_error(e)}") from e
@@ -241,3 +225,25 @@ class SQLReports(Database, ReportStore):
         with self._tx(f"summing report scores of '{release_id}'") as conn:
             n, total = conn.execute(query).one()
         return int(n), float(total)
+
+
+def insert_consumptions(conn: Connection, consumptions: Sequence[Consumption]) -> None:
+    """Write consumption receipts in the caller's transaction (the chain's publish calls it, so
+    a batch is consumed exactly when the release it trained joins the chain). A receipt already
+    stored stays as it is: the first batch that consumed a record wins."""
+    rows = [
+        {
+            "scenario": c.scenario,
+            "recipe": c.recipe,
+            "record_id": c.record_id,
+            "batch_id": c.batch_id,
+            "created_at": c.created_at,
+        }
+        for c in consumptions
+    ]
+    dialect_insert = sqlite.insert if conn.dialect.name == "sqlite" else postgresql.insert
+    stmt = dialect_insert(tables.consumptions).on_conflict_do_nothing(
+        index_elements=["scenario", "recipe", "record_id"]
+    )
+    for i in range(0, len(rows), IN_CHUNK):
+        conn.execute(stmt, rows[i : i + IN_CHUNK])

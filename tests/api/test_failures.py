@@ -89,6 +89,18 @@ def test_store_gone_is_not_ready(tmp_path: Path, make_postgres_database: Callabl
         assert r.json()["status"] == "not_ready"
         assert r.json()["dependencies"]["store"] == {"state": "unavailable", "needed_to": "serve"}
         assert r.json()["dependencies"]["engine"]["state"] == "ok"
+        # A call whose record cannot be written is refused, and the refusal names nothing of
+        # the database (the driver's message has its host, port, user and database): the
+        # server's log has it.
+        for body in (CHAT, {**CHAT, "stream": True}):
+            r = httpx.post(f"{server.base_url}/chat/completions", json=body)
+            assert r.status_code == 503 and r.headers["retry-after"] == "2", r.text
+            error = r.json()["error"]
+            assert error["code"] == "store_unavailable"
+            assert error["message"] == "the record store is unavailable; retry after 2 s"
+            for secret in (str(relay.port), url.database, url.username, "127.0.0.1"):
+                assert secret and secret not in r.text, (secret, r.text)
+        assert f"port {relay.port} failed" in server.log()
 
 
 def _serve(tmp: Path, *args: str, port: int | None = None) -> subprocess.Popen[str]:

@@ -7,6 +7,11 @@ written (a process killed there)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +26,15 @@ from reef.deploy.candidates import promoted
 from reef.deploy.chain import ReleaseChain
 from reef.deploy.release import deploy
 from reef.errors import Conflict, EngineUnavailable, ReefError
+from reef.experience import collect, receipts
 from reef.gate import Decision
 from reef.provenance import Provenance
 from reef.records import Candidate
 from reef.store.sql import SQLStore
+from reef.testing.traffic import traffic
 from reef.variants import Variants
 from tests.engines.test_embedded_releases import lora
+from tests.faults.invariants import loop_violations
 
 
 class Killed(BaseException):
@@ -256,3 +264,69 @@ def test_recover_retires_only_accepted_candidates_the_head_left_behind(
         failed = chain.store.get_candidate("once-orphan", orphan.id)
         assert failed.status == "failed" and "head has moved on" in (failed.message or "")
         assert chain.store.get_candidate("once-orphan", held.id).status == "pending"
+
+
+# A worker's publish, in a process of its own: the batch's receipts (from the experience as the
+# evolve run collects it) go with the candidate's compare-and-swap; REEF_FAULTS kills it there.
+_PUBLISH = """
+import json, sys
+from reef.deploy.chain import ReleaseChain
+from reef.experience import collect, receipts
+from reef.settings import load_settings
+
+overrides, scenario, candidate_id = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+with ReleaseChain.for_settings(load_settings(None, **overrides)) as chain:
+    batch = collect(chain.store, scenario, "scored", recipe="sft").samples
+    made = receipts(scenario, "sft", batch, candidate_id)
+    chain.publish(chain.store.get_candidate(scenario, candidate_id), consumptions=made)
+"""
+
+
+def test_killed_right_after_the_swap_its_batch_is_consumed_once(
+    server: InProcessReef, adapter: Path, tmp_path: Path
+) -> None:
+    """SIGKILLed right after the head's compare-and-swap (reef.faults `after_cas`), before
+    anything else is written: the batch's consumption receipts went with the swap, so the
+    release is on the chain with its batch consumed; the next worker's recover finishes the
+    candidate, and nothing is left to train again."""
+    s = "once-cas-kill"
+    reported = traffic(server, s, 3, report=lambda i, rid: {"score": 1.0}, max_tokens=3)
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, s, adapter, "accepted")
+    env = {**os.environ, "REEF_FAULTS": f"after_cas@{s}", "REEF_FAULTS_DIR": str(tmp_path)}
+    args = [json.dumps(server.overrides), s, cand.id]
+    killed = subprocess.run(
+        [sys.executable, "-c", _PUBLISH, *args], env=env, capture_output=True, text=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert "fault injected: SIGKILL at after_cas" in killed.stderr
+    with ReleaseChain.for_settings(server.settings) as chain:  # the next worker
+        store = chain.store
+        assert store.head_release(s).id == cand.id
+        assert store.get_candidate(s, cand.id).status == "pending"  # the kill came first
+        assert store.consumed_record_ids(s, "sft") == set(reported)  # in the swap's transaction
+        assert chain.recover(s) == [f"{cand.id}: on the chain, marked published"]
+        assert isinstance(store, SQLStore)
+        assert loop_violations(store, s, set(reported)) == []
+        again = collect(store, s, "scored", recipe="sft")
+        assert again.samples == () and again.dropped["consumed"] == len(reported)
+
+
+def test_a_publish_that_fails_consumes_nothing(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receipts are written if and only if the head moved: a batch whose candidate failed
+    to deploy stays eligible, to be trained again."""
+    s = "once-unconsumed"
+    reported = traffic(server, s, 2, report=lambda i, rid: {"score": 1.0}, max_tokens=3)
+    _failing_verify(monkeypatch, times=10)
+    with ReleaseChain.for_settings(server.settings) as chain:
+        cand = _candidate(chain, s, adapter, "accepted")
+        batch = collect(chain.store, s, "scored", recipe="sft").samples
+        assert len(batch) == len(reported)
+        made = receipts(s, "sft", batch, cand.id)
+        with pytest.raises(ReefError, match="verify failed"):
+            chain.publish(cand, attempts=1, consumptions=made)
+        assert chain.store.get_candidate(s, cand.id).status == "failed"
+        assert chain.store.consumed_record_ids(s, "sft") == set()
+        assert len(collect(chain.store, s, "scored", recipe="sft").samples) == len(reported)
