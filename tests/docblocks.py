@@ -11,11 +11,13 @@ and `.venv/bin/python` to this interpreter."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,25 +103,23 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float = 240)
     streams."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     env.pop("REEF_API_KEY", None)
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\n(killed after {timeout_s} s)"
-    try:  # whatever the script left behind
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    # output to files, not pipes: a server the script started may hand its descendants the
+    # script's stdout, and a pipe would stay open until the last of them ended
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=out_f, stderr=err_f, text=True, start_new_session=True
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        with contextlib.suppress(ProcessLookupError):  # what the script left behind, or itself
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        out_f.seek(0)
+        err_f.seek(0)
+        out, err = out_f.read(), err_f.read() + (f"\n(killed after {timeout_s} s)" * timed_out)
     code = argv[-1]
     assert proc.returncode == 0, f"{code}\n--- stdout\n{out}\n--- stderr\n{err}"
     return out

@@ -70,4 +70,6 @@ def test_the_shell_blocks_run(server: InProcessReef, checkout: Path) -> None:
     # `reef import`, then the same file over HTTP: one record, kept by its id
     with Reef(server.url, scenario="support") as reef:
         imported = reef.records().data
-    assert len(imported) == 1 and any(k.startswith("reef.imported") for k in imported[0].tags), imported
+    assert len(imported) == 1 and any(k.startswith("reef.imported") for k in imported[0].tags), (
+        imported
+    )
