@@ -81,10 +81,18 @@ def blocks(path: Path) -> list[Block]:
     return found
 
 
-def script(path: Path, lang: str, url: str) -> str:
-    """The runnable `lang` blocks of `path`, in order, rewritten for a server at `url`."""
-    code = "\n".join(b.code for b in blocks(path) if b.runs and b.lang == lang)
+def script(path: Path, lang: str, url: str, lines: range = range(sys.maxsize)) -> str:
+    """The runnable `lang` blocks of `path` (those starting in `lines`), in order, rewritten
+    for a server at `url`."""
+    chosen = [b for b in blocks(path) if b.runs and b.lang == lang and b.line in lines]
+    code = "\n".join(b.code for b in chosen)
     return rewrite(code, url, lang)
+
+
+def quick_start_end(readme: Path) -> int:
+    """The README's first line after its quick start (`## Concepts`): the blocks before it
+    run in the default suite (tests/test_readme.py), the rest under the marker docs."""
+    return readme.read_text().splitlines().index("## Concepts") + 1
 
 
 def rewrite(code: str, url: str, lang: str) -> str:

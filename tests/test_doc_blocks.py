@@ -1,11 +1,12 @@
 """Every sh, bash and python block of the docs is decided: run by a test (`<!-- doc-test -->`)
 or skipped with the reason it cannot run offline in seconds (`<!-- doc-skip: why -->`); a new
-block with neither fails here. The runnable blocks of the docs other than the README (which
+block with neither fails here. The runnable blocks (but the README's quick start, which
 tests/test_readme.py runs in the default suite) run, a file at a time, as a reader types them
 against a tiny-model server (marker `docs`, make test-docs): tests/docblocks.py says how."""
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from pathlib import Path
@@ -16,7 +17,15 @@ import pytest
 from reef.api.auth import hash_token
 from reef.cli.testing import InProcessReef
 from reef.client import Reef
-from tests.docblocks import ROOT, blocks, doc_files, run_python, run_shell, script
+from tests.docblocks import (
+    ROOT,
+    blocks,
+    doc_files,
+    quick_start_end,
+    run_python,
+    run_shell,
+    script,
+)
 
 
 def test_every_doc_block_is_run_or_skipped_with_a_reason() -> None:
@@ -34,10 +43,30 @@ def test_every_doc_block_is_run_or_skipped_with_a_reason() -> None:
         b.path.relative_to(ROOT).as_posix() for p in doc_files() for b in blocks(p) if b.runs
     }
     # the files test_the_docs_run knows, and no runnable block outside them
-    assert runnable == {"README.md", *RUNS}, runnable
+    assert runnable == set(RUNS), runnable
 
 
 ADMIN = "reef_doc-test-admin-token"
+
+
+def readme(tmp_path: Path) -> None:
+    """README.md after its quick start: a token made, a webhook receiver's check that agrees
+    with Reef's own, experience imported from a file and over HTTP (kept by its ids)."""
+    later = range(quick_start_end(ROOT / "README.md"), sys.maxsize)
+    with InProcessReef(tmp_path / ".reef") as srv:  # .reef of where they run, as make run's
+        check = """
+from reef.events import signature, verify
+body = b'{"kind": "release"}'
+assert verified("s3cret", body, signature("s3cret", body))
+assert verify("s3cret", body, signature("s3cret", body))
+assert not verified("s3cret", body, signature("other", body))
+"""
+        run_python(script(ROOT / "README.md", "python", srv.url, later) + check, tmp_path)
+        out = run_shell(script(ROOT / "README.md", "shell", srv.url, later), tmp_path)
+        with Reef(srv.url, scenario="support") as reef:
+            imported = reef.records().data
+    assert re.search(r"\"sha256\": \"[0-9a-f]{64}\"", out) and "alice" in out, out
+    assert len(imported) == 1 and any(k.startswith("reef.imported") for k in imported[0].tags)
 
 
 def harness(tmp_path: Path) -> None:
@@ -104,7 +133,12 @@ def examples(tmp_path: Path) -> None:
     assert (tmp_path / "thumbs.json").read_text().count('"references"') == 4
 
 
-RUNS = {"docs/harness.md": harness, "docs/recipes.md": recipes, "examples/README.md": examples}
+RUNS = {
+    "README.md": readme,
+    "docs/harness.md": harness,
+    "docs/recipes.md": recipes,
+    "examples/README.md": examples,
+}
 
 
 @pytest.mark.docs
