@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # venv is compiled at install (uv --compile-bytecode); Reef's own modules cache on first import.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: docs venv lock test-package bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
+.PHONY: docs venv lock test-package test-docs bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -88,6 +88,11 @@ test: venv bwrap
 # The distribution as users install it: wheels built from the tree into fresh virtualenvs.
 test-package: venv
 	$(BIN)/pytest -m package -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The docs' runnable blocks (docs/*.md, examples/) as a reader types them, a file at a time,
+# against a tiny-model server (tests/test_doc_blocks.py; the README's run in `test`).
+test-docs: venv
+	$(BIN)/pytest -m docs $(PYTEST_ARGS)
 
 # End-to-end learning loops on the tiny model: the evolve flow or worker trains and deploys.
 # A file per worker, as in `test`: much of a loop test is waiting on servers and subprocesses

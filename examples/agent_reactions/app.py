@@ -40,7 +40,11 @@ def react(answer: str, next_question: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-url", default="http://127.0.0.1:8900", help="the reef server")
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get("REEF_BASE_URL", "http://127.0.0.1:8900"),
+        help="the reef server (default $REEF_BASE_URL, else http://127.0.0.1:8900)",
+    )
     p.add_argument("--scenario", default="agent-reactions")
     p.add_argument("--turns", type=int, default=4, help="turns of the conversation")
     args = p.parse_args(argv)

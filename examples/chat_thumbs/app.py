@@ -45,7 +45,11 @@ def ask(chat: openai.OpenAI, model: str, question: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-url", default="http://127.0.0.1:8900", help="the reef server")
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get("REEF_BASE_URL", "http://127.0.0.1:8900"),
+        help="the reef server (default $REEF_BASE_URL, else http://127.0.0.1:8900)",
+    )
     p.add_argument("--scenario", default="chat-thumbs")
     p.add_argument("--rounds", type=int, default=4, help="questions to ask")
     p.add_argument("--interactive", action="store_true", help="give the thumbs yourself")

@@ -26,7 +26,11 @@ from reef.client import Reef
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-url", default="http://127.0.0.1:8900", help="the reef server")
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get("REEF_BASE_URL", "http://127.0.0.1:8900"),
+        help="the reef server (default $REEF_BASE_URL, else http://127.0.0.1:8900)",
+    )
     p.add_argument("--scenario", default="arithmetic")
     p.add_argument("--tasks", type=int, default=6, help="questions to ask")
     p.add_argument("--seed", type=int, default=0)
