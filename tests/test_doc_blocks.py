@@ -18,6 +18,7 @@ from reef.api.auth import hash_token
 from reef.cli.testing import InProcessReef
 from reef.client import Reef
 from tests.docblocks import (
+    FENCE,
     ROOT,
     blocks,
     doc_files,
@@ -26,6 +27,18 @@ from tests.docblocks import (
     run_shell,
     script,
 )
+
+
+def test_every_fence_names_its_language() -> None:
+    """A command block without a language would escape the rule below: every fence says what
+    it holds (sh, python, yaml, text for diagrams and output, ...)."""
+    bare = [
+        f"{path.relative_to(ROOT)}:{path.read_text().count(chr(10), 0, m.start()) + 1}"
+        for path in doc_files()
+        for m in FENCE.finditer(path.read_text())
+        if not m.group(2)
+    ]
+    assert bare == [], f"name the language of these fences (text for diagrams and output): {bare}"
 
 
 def test_every_doc_block_is_run_or_skipped_with_a_reason() -> None:
