@@ -131,6 +131,25 @@ def test_the_client_extra_alone_installs_without_torch(
     assert out.returncode == 2 and "pip install 'reef-agents[train]'" in out.stderr
 
 
+def _call_and_read_back(server: ReefServer, scenario: str) -> None:
+    """A chat through the official openai SDK answers with a receipt naming its record."""
+    import openai
+
+    client = openai.OpenAI(
+        base_url=f"{server.url}/v1",
+        api_key="none",
+        max_retries=0,
+        default_headers={"x-reef-scenario": scenario},
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
+    )
+    receipt = raw.headers["x-reef-agent-record-id"]
+    assert raw.parse().choices[0].message.content is not None
+    record = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records/{receipt}")
+    assert record.status_code == 200 and record.json()["id"] == receipt
+
+
 def _neighbour(tmp_path: Path) -> Path:
     """A wheel of another project whose import package is `flows` (as PyPI's is)."""
     src = tmp_path / "neighbour"
@@ -149,8 +168,6 @@ def _neighbour(tmp_path: Path) -> Path:
 def test_all_extras_at_the_lock_install_beside_a_flows_package_and_serve(
     dist: dict[str, Path], tmp_path: Path
 ) -> None:
-    import openai
-
     bin_ = _venv(tmp_path / "all", "-r", LOCK, f"{dist['wheel']}[all]", _neighbour(tmp_path))
     code = (
         "import flows, reef.flows.evolve, reef.api.app; "
@@ -160,19 +177,7 @@ def test_all_extras_at_the_lock_install_beside_a_flows_package_and_serve(
     assert out.stdout.split() == ["not", "reef", "reef.flows.evolve"], out.stderr[-2000:]
 
     with ReefServer(tmp_path / "state", "--model", "tiny", executable=str(bin_ / "reef")) as server:
-        client = openai.OpenAI(
-            base_url=f"{server.url}/v1",
-            api_key="none",
-            max_retries=0,
-            default_headers={"x-reef-scenario": "packaged"},
-        )
-        raw = client.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
-        )
-        receipt = raw.headers["x-reef-agent-record-id"]
-        assert raw.parse().choices[0].message.content is not None
-        record = httpx.get(f"{server.url}/reef/scenarios/packaged/records/{receipt}")
-        assert record.status_code == 200 and record.json()["id"] == receipt
+        _call_and_read_back(server, "packaged")
 
 
 @package
@@ -182,8 +187,6 @@ def test_the_serve_extra_serves_and_records_and_says_why_nothing_learns(
     """`reef-agents[serve]` at the lock's versions: no Prefect or TRL; `reef serve` on its
     defaults (the evolve worker asked for) answers and records, and logs once why it does not
     learn instead of starting a worker that cannot import its flows."""
-    import openai
-
     bin_ = _venv(tmp_path / "serve", "-c", LOCK, f"{dist['wheel']}[serve]")
     site = next((tmp_path / "serve" / "lib").glob("python3*/site-packages"))
     installed = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
@@ -193,18 +196,7 @@ def test_the_serve_extra_serves_and_records_and_says_why_nothing_learns(
     env = {"REEF_REEF__AUTO": "true"}
     state = tmp_path / "state"
     with ReefServer(state, "--model", "tiny", env=env, executable=str(bin_ / "reef")) as server:
-        client = openai.OpenAI(
-            base_url=f"{server.url}/v1",
-            api_key="none",
-            max_retries=0,
-            default_headers={"x-reef-scenario": "served"},
-        )
-        raw = client.chat.completions.with_raw_response.create(
-            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
-        )
-        receipt = raw.headers["x-reef-agent-record-id"]
-        record = httpx.get(f"{server.url}/reef/scenarios/served/records/{receipt}")
-        assert record.status_code == 200
+        _call_and_read_back(server, "served")
         log = server.log()
     assert "learning is off: the evolve worker needs the train extra" in log
     assert "pip install 'reef-agents[train]'" in log and "Traceback" not in log

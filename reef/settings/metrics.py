@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from reef.settings.section import Section
 
@@ -50,7 +50,7 @@ class MetricSettings(Section):
         return self
 
 
-def check_names(metrics: dict[str, MetricSettings]) -> dict[str, MetricSettings]:
+def _check_names(metrics: dict[str, MetricSettings]) -> dict[str, MetricSettings]:
     for name in metrics:
         if name == "score":
             raise ValueError(
@@ -59,6 +59,10 @@ def check_names(metrics: dict[str, MetricSettings]) -> dict[str, MetricSettings]
         if not METRIC_NAME.match(name):
             raise ValueError(f"metric name '{name}' must match {METRIC_NAME.pattern}")
     return metrics
+
+
+# A metrics section by name (the top level's and each scenario's), its names checked.
+Metrics = Annotated[dict[str, MetricSettings], AfterValidator(_check_names)]
 
 
 def check_learning_metric(metric: str, declared: dict[str, MetricSettings]) -> None:

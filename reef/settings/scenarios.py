@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from reef.settings.metrics import MetricSettings, check_names
+from reef.settings.metrics import Metrics
 from reef.settings.section import Section
 
 # reef.* keys that belong to the process, not to a scenario: where deploys go, how the worker
@@ -42,16 +42,11 @@ class ScenarioSettings(Section):
         "votes, hints, min_confidence, ...",
     )
 
-    metrics: dict[str, MetricSettings] = Field(
+    metrics: Metrics = Field(
         default_factory=dict,
         description="named metrics this scenario's reports may carry, beside the top-level "
         "ones (a name declared in both takes this one)",
     )
-
-    @field_validator("metrics")
-    @classmethod
-    def _metric_names(cls, v: dict[str, MetricSettings]) -> dict[str, MetricSettings]:
-        return check_names(v)
 
     @field_validator("reef")
     @classmethod

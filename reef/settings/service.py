@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -26,7 +26,7 @@ from reef.settings.events import EventSettings
 from reef.settings.gate import GateSettings
 from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings
-from reef.settings.metrics import MetricSettings, check_learning_metric, check_names
+from reef.settings.metrics import Metrics, check_learning_metric
 from reef.settings.prefect import PrefectSettings
 from reef.settings.rollout import RolloutSettings
 from reef.settings.scenarios import ScenarioSettings, merged
@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     prefect: PrefectSettings = PrefectSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     events: EventSettings = EventSettings()
-    metrics: dict[str, MetricSettings] = Field(
+    metrics: Metrics = Field(
         default_factory=dict,
         description="named metrics every scenario's reports may carry beside `score`: "
         "{name: {type: boolean|float|categorical, range, values}}",
@@ -67,11 +67,6 @@ class Settings(BaseSettings):
         description="per-scenario learning settings (reef, gate, judge, metrics) over the "
         "top-level ones",
     )
-
-    @field_validator("metrics")
-    @classmethod
-    def _metric_names(cls, v: dict[str, MetricSettings]) -> dict[str, MetricSettings]:
-        return check_names(v)
 
     @model_validator(mode="after")
     def _each_scenario(self) -> Settings:
