@@ -17,6 +17,7 @@ import pytest
 from reef.api.auth import hash_token
 from reef.cli.testing import InProcessReef
 from reef.client import Reef
+from reef.store.sql import open_store
 from tests.docblocks import (
     FENCE,
     ROOT,
@@ -146,10 +147,35 @@ def examples(tmp_path: Path) -> None:
     assert (tmp_path / "thumbs.json").read_text().count('"references"') == 4
 
 
+def reliability(tmp_path: Path) -> None:
+    """docs/reliability.md: a serving deployment backed up while it serves, restored into an
+    empty state directory that holds what it served (the doc's /backups and /srv/reef are
+    folders of where the blocks run)."""
+    doc = ROOT / "docs/reliability.md"
+    with InProcessReef(tmp_path / ".reef") as srv:  # `reef backup`'s default state dir
+        with Reef(srv.url, scenario="kept") as reef, httpx.Client(base_url=srv.url) as http:
+            call = http.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"x-reef-scenario": "kept"},
+            )
+            receipt = call.headers["x-reef-agent-record-id"]
+            reef.report(receipt, score=1.0)
+        code = script(doc, "shell", srv.url).replace(" /backups/", " backups/")
+        out = run_shell(code.replace(" /srv/reef", " srv/reef"), tmp_path)
+    store = open_store(f"sqlite:///{tmp_path / 'srv/reef/reef.db'}")
+    try:
+        assert store.get_record("kept", receipt).id == receipt, out
+        assert [r.references for r in store.list_reports("kept")] == [(receipt,)]
+    finally:
+        store.close()
+
+
 RUNS = {
     "README.md": readme,
     "docs/harness.md": harness,
     "docs/recipes.md": recipes,
+    "docs/reliability.md": reliability,
     "examples/README.md": examples,
 }
 
