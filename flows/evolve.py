@@ -29,7 +29,7 @@ from reef import evaluation_pool, events, faults, telemetry
 from reef.artifacts import artifacts_for
 from reef.datasets import Snapshot, load
 from reef.errors import NothingToTrain, ReefError
-from reef.experience import Experience
+from reef.experience import Experience, reports_of
 from reef.flows import harness, weights
 from reef.flows.experience import (
     batch_receipts,
@@ -39,7 +39,8 @@ from reef.flows.experience import (
     validate_snapshot,
 )
 from reef.flows.release import Registered, prefect_run, recover, release
-from reef.readiness import EMPTY_POOL
+from reef.judge import judge_quality
+from reef.readiness import EMPTY_POOL, judge_refusal
 from reef.recipe import Recipe, WeightsRecipe, load_recipe
 from reef.recipes.harness.recipe import HarnessRecipe
 from reef.records import Release, new_id
@@ -221,10 +222,26 @@ def prepare(scenario: str, settings: Settings) -> Prepared:
     return Prepared(scenario, settings, recipe, head, model)
 
 
+def _judge_refused(run: Prepared) -> str | None:
+    """Why the judge's verdicts may not train this run (judge.min_agreement not shown)."""
+    own = run.settings.judge
+    if own.min_agreement is None:
+        return None
+    store = open_store(run.settings.database_url)
+    try:
+        quality = judge_quality(reports_of(store, run.scenario), own.agreement_window)
+    finally:
+        store.close()
+    return judge_refusal(quality, own.min_agreement)
+
+
 def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
     """Materialize and validate the eligible experience, let the recipe select its rows (the
     rows it can never train on are consumed now), and split off the gate's held-out rows."""
     settings, recipe, loop = run.settings, run.recipe, run.settings.reef
+    refused = _judge_refused(run)
+    if refused:  # the judge's verdicts count for nothing this run; people's reports still train
+        get_run_logger().warning("%s: %s; its verdicts do not train", run.scenario, refused)
     snapshot, experience = materialize_snapshot(
         settings.database_url,
         settings.artifacts_url,
@@ -236,6 +253,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
         rule=recipe.report_rule,
         tags=loop.select.tags,
         metric=loop.metric,
+        judgments=refused is None,
     )
     faults.reached("materialized", run.scenario)
     if snapshot.rows < loop.batch_size and not (force and snapshot.rows):
@@ -277,6 +295,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
             rule=recipe.report_rule,
             tags=loop.select.tags,
             metric=loop.metric,
+            judgments=refused is None,
         )
         if share
         else []

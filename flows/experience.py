@@ -35,6 +35,7 @@ def materialize_snapshot(
     rule: Rule = "latest",
     tags: dict[str, str] | None = None,
     metric: str = "score",
+    judgments: bool = True,
 ) -> tuple[Snapshot, Experience]:
     """collect -> materialize; returns the snapshot and the experience it came from. `rule`
     picks the report that counts among several on the same receipts (the recipe's); `tags`
@@ -51,6 +52,7 @@ def materialize_snapshot(
             rule=rule,
             tags=tags,
             metric=metric,
+            judgments=judgments,
         )
     finally:
         store.close()
@@ -124,6 +126,7 @@ def evaluation_samples(
     rule: Rule = "latest",
     tags: dict[str, str] | None = None,
     metric: str = "score",
+    judgments: bool = True,
 ) -> list[dict[str, Any]]:
     """The scenario's evaluation pool as dataset rows (reef.evaluation_pool): its evaluation
     samples of any staleness (of the slice `tags`, scored by `metric`), the newest `max_n`
@@ -141,6 +144,7 @@ def evaluation_samples(
             rule=rule,
             tags=tags,
             metric=metric,
+            judgments=judgments,
         )
     finally:
         store.close()

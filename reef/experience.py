@@ -352,11 +352,13 @@ def collect(
     page_size: int = PAGE_SIZE,
     tags: Mapping[str, str] | None = None,
     metric: str = "score",
+    judgments: bool = True,
 ) -> Experience:
     """The scenario's experience for `kind`, as `recipe` (whose consumption receipts count)
     would see it now. Reads only; `max_staleness=None` keeps samples of any age; `tags` keeps
     only samples whose every record carries these tags with these values (a slice); `metric`
-    is what a sample's score is (reef.metric: the reports' score, or a named metric)."""
+    is what a sample's score is (reef.metric: the reports' score, or a named metric);
+    `judgments=False` leaves the judge's reports out (judge.min_agreement not shown)."""
     with gcpause.paused():
         return _collect(
             store,
@@ -368,6 +370,7 @@ def collect(
             page_size,
             tags or {},
             metric,
+            judgments,
         )
 
 
@@ -381,6 +384,7 @@ def _collect(
     page_size: int,
     tags: Mapping[str, str],
     metric: str,
+    judgments: bool,
 ) -> Experience:
     seq_of, head_seq = _release_seqs(store, scenario)
     consumed = store.consumed_record_ids(scenario, recipe)
@@ -409,6 +413,11 @@ def _collect(
         if any(r.id in consumed for r in records):
             dropped["consumed"] += 1
             continue
+        if not judgments:
+            reps = [r for r in reps if r.metadata.get("source") != "judge"]
+            if not reps:
+                dropped["judge_not_trusted"] += 1
+                continue
         report, score = pick(reps, rule, metric)
         if score is None or (isinstance(score, float) and math.isnan(score)):
             # a turn the judge could not judge says why (reef.judge.dropped_report)

@@ -447,6 +447,33 @@ class JudgeQuality:
     compared: int = 0  # turns with both a verdict and a person's decisive score
     agreed: int = 0
     judges: tuple[str, ...] = ()  # the identities that judged
+    # the same over the last `window` compared turns (by the person's score's time)
+    window: int = 0
+    recent_compared: int = 0
+    recent_agreed: int = 0
+
+    @property
+    def recent_interval(self) -> tuple[float, float] | None:
+        """The 90% Wilson interval of the agreement over the recent compared turns."""
+        return wilson(self.recent_agreed, self.recent_compared)
+
+    def trust(self, min_agreement: float | None) -> str | None:
+        """Why the judge's verdicts may not train now (judge.min_agreement), or None."""
+        if min_agreement is None:
+            return None
+        interval = self.recent_interval
+        if interval is None:
+            return (
+                f"judge.min_agreement {min_agreement:.2f}: no turn has both a verdict and a "
+                "person's score yet, so the judge's agreement with people is not shown"
+            )
+        if interval[0] < min_agreement:
+            return (
+                f"judge.min_agreement {min_agreement:.2f} not shown: the judge agreed with "
+                f"people on {self.recent_agreed} of the last {self.recent_compared} turns both "
+                f"scored (90% interval {interval[0]:.2f}-{interval[1]:.2f})"
+            )
+        return None
 
     @property
     def void_rate(self) -> float | None:
@@ -466,14 +493,29 @@ class JudgeQuality:
             "mean_confidence": self.mean_confidence,
             "compared_with_people": self.compared,
             "agreement_with_people": self.agreement,
+            "recent_compared_with_people": self.recent_compared,
+            "recent_agreement_interval": (
+                list(self.recent_interval) if self.recent_interval else None
+            ),
             "judges": list(self.judges),
         }
 
 
-def judge_quality(reports: Iterable[Report]) -> JudgeQuality:
+def wilson(successes: int, n: int, z: float = 1.6449) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion (z 1.6449: 90%, two-sided); None for n = 0."""
+    if n == 0:
+        return None
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def judge_quality(reports: Iterable[Report], window: int = 50) -> JudgeQuality:
     """The JudgeQuality of a scenario's reports (all of them, in any order). A person's score
     of 0.5 or more agrees with a verdict of +1, of 0 or less with -1; a verdict of 0 and scores
-    in between are not compared."""
+    in between are not compared. `window`: how many of the latest compared turns the recent
+    agreement counts."""
     verdicts: dict[str, int] = {}
     people: dict[str, tuple[Any, float]] = {}
     dropped: Counter[str] = Counter()
@@ -502,15 +544,16 @@ def judge_quality(reports: Iterable[Report]) -> JudgeQuality:
             unsure += 1
         for rid in rep.references[-1:]:  # the judged turn
             verdicts[rid] = verdict
-    compared = agreed = 0
+    outcomes: list[tuple[Any, bool]] = []  # (when the person scored, agreed)
     for rid, verdict in verdicts.items():
         if rid not in people or verdict == 0:
             continue
-        score = people[rid][1]
+        when, score = people[rid]
         person = 1 if score >= 0.5 else -1 if score <= 0 else 0
         if person:
-            compared += 1
-            agreed += person == verdict
+            outcomes.append((when, person == verdict))
+    compared, agreed = len(outcomes), sum(ok for _, ok in outcomes)
+    recent = sorted(outcomes, key=lambda o: o[0])[-window:]
     return JudgeQuality(
         judged=len(verdicts),
         dropped=dict(dropped),
@@ -520,4 +563,7 @@ def judge_quality(reports: Iterable[Report]) -> JudgeQuality:
         compared=compared,
         agreed=agreed,
         judges=tuple(sorted(judges)),
+        window=window,
+        recent_compared=len(recent),
+        recent_agreed=sum(ok for _, ok in recent),
     )

@@ -35,6 +35,8 @@ class Readiness:
     last_materialization: dict[str, Any] | None
     judge: JudgeQuality | None = None  # None: the scenario has no judgment yet
     waiting: str | None = None  # why a full batch is not ready yet
+    # why the judge's verdicts do not train now (judge.min_agreement not shown), if they do not
+    judge_refused: str | None = None
 
 
 def readiness(
@@ -46,6 +48,8 @@ def readiness(
     artifacts: ArtifactStore | None = None,
     holdout: float = 0.0,
     judge: bool = True,
+    min_agreement: float | None = None,
+    agreement_window: int = 50,
 ) -> Readiness:
     """How many samples wait for the loop's recipe vs its batch size. No side effects.
 
@@ -54,8 +58,14 @@ def readiness(
     not toward the batch. With a share, a batch is ready only once the gate has at least one
     evaluation sample to decide on: a batch trained before that would be refused for want of
     evidence and its samples spent. `judge`: also the judge's record (a second read of the
-    scenario's reports: for what shows it, not for deciding whether to evolve)."""
+    scenario's reports: for what shows it, not for deciding whether to evolve).
+    `min_agreement` (judge.min_agreement): while the judge's agreement with people is not shown
+    that high, its verdicts count for nothing (`judge_refused` says why)."""
     kind = check_kind(recipe_kind or recipe_class(loop_settings.recipe).kind)
+    quality = None
+    if judge or min_agreement is not None:
+        quality = judge_quality(reports_of(store, scenario), agreement_window)
+    refused = judge_refusal(quality, min_agreement)
     exp = collect(
         store,
         scenario,
@@ -64,6 +74,7 @@ def readiness(
         max_staleness=loop_settings.max_staleness,
         tags=loop_settings.select.tags,
         metric=loop_settings.metric,
+        judgments=refused is None,
     )
     dropped = Counter(exp.dropped)
     trainable = [s for s in exp.samples if not held_out(s, holdout)]
@@ -74,13 +85,13 @@ def readiness(
         from reef.datasets import last_materialization
 
         last = last_materialization(artifacts, scenario)
-    quality = judge_quality(reports_of(store, scenario)) if judge else None
-    judged = quality is not None and (quality.judged or quality.dropped)
+    judged = judge and quality is not None and (quality.judged or quality.dropped)
     full = len(trainable) >= loop_settings.batch_size
     no_evidence = holdout > 0 and len(trainable) == len(exp.samples)
     return Readiness(
         judge=quality if judged else None,
         waiting=EMPTY_POOL if full and no_evidence else None,
+        judge_refused=refused,
         scenario=scenario,
         kind=kind,
         eligible=len(trainable),
@@ -90,6 +101,13 @@ def readiness(
         awaiting_feedback=exp.awaiting_feedback,
         last_materialization=last,
     )
+
+
+def judge_refusal(quality: JudgeQuality | None, min_agreement: float | None) -> str | None:
+    """Why the judge's verdicts may not train (judge.min_agreement), where it judged at all."""
+    if quality is None or not quality.judged:
+        return None
+    return quality.trust(min_agreement)
 
 
 def scenario_readiness(
@@ -114,4 +132,6 @@ def scenario_readiness(
         artifacts=artifacts,
         holdout=fraction(own),
         judge=judge,
+        min_agreement=own.judge.min_agreement,
+        agreement_window=own.judge.agreement_window,
     )

@@ -47,7 +47,13 @@ class StatusOut(BaseModel):
         description="the judge's record on this scenario (null before its first judgment): "
         "turns judged, dropped by reason, void verdicts and their rate, verdicts under "
         "judge.min_confidence (unsure), mean confidence, and agreement with people's scores "
-        "on the same turns",
+        "on the same turns (all of them, and the last judge.agreement_window with its 90% "
+        "Wilson interval)",
+    )
+    judge_refused: str | None = Field(
+        None,
+        description="why the judge's verdicts do not train now: judge.min_agreement is not "
+        "shown by its agreement with people (null: they train, or the check is off)",
     )
 
 
@@ -88,6 +94,7 @@ async def scenario_status(
         last_materialization=last,
         waiting=r.waiting,
         judge=r.judge.as_dict() if r.judge is not None else None,
+        judge_refused=r.judge_refused,
     )
 
 

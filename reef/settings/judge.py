@@ -36,6 +36,18 @@ class JudgeSettings(Section):
         le=1.0,
         description="a verdict less sure than this is stored but scores 0 and trains nothing",
     )
+    min_agreement: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="train on the judge's verdicts only while its agreement with people's "
+        "scores on the same turns is shown at least this high: the lower end of the 90% "
+        "Wilson interval over the last `agreement_window` compared turns (few compared turns "
+        "show little, so they hold training back too); null: no such check",
+    )
+    agreement_window: int = Field(
+        50, ge=1, description="the most recent turns, judged and scored by a person, it counts"
+    )
     hints: Literal["reaction", "none"] = Field(
         "reaction",
         description="likelihood judges: the hint of a negative verdict on a user's reaction "
