@@ -34,6 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
     with InProcessReef(
         tmp_path_factory.mktemp("reef-metrics"),
         auth={"tokens": tokens},
+        gate={"holdout": 0.0},  # no sample held out for the gate: the status counts them all
         metrics=METRICS,
         scenarios={"support": {"metrics": TONE}},
     ) as srv:
