@@ -5,9 +5,12 @@ range or a categorical value not listed is a 400 naming the metric."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from reef.errors import BadRequest
+from reef.records import Report
 from reef.settings.metrics import MetricSettings
 
 MetricValue = bool | float | str
@@ -41,3 +44,38 @@ def check_metrics(
 
 def _bad(name: str, message: str) -> BadRequest:
     return BadRequest(message, code="invalid_metric", param=f"metrics.{name}")
+
+
+class Tally:
+    """Each declared metric over the reports it is shown: how many give it (n), and the share
+    that said true (boolean), the mean, lowest and highest (float) or the count per value
+    (categorical). `watch` counts reports as another reader goes through them (one read)."""
+
+    def __init__(self, declared: Mapping[str, MetricSettings]):
+        self.declared = dict(declared)
+        self.values: dict[str, list[MetricValue]] = {name: [] for name in declared}
+
+    def watch(self, reports: Iterable[Report]) -> Iterator[Report]:
+        for rep in reports:
+            for name, value in rep.metrics.items():
+                if name in self.values:
+                    self.values[name].append(value)
+            yield rep
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for name, spec in sorted(self.declared.items()):
+            given = self.values[name]
+            row: dict[str, Any] = {"type": spec.type, "n": len(given)}
+            if spec.type == "boolean":
+                row["share_true"] = sum(v is True for v in given) / len(given) if given else None
+            elif spec.type == "float":
+                numbers = [float(v) for v in given]
+                row["mean"] = sum(numbers) / len(numbers) if numbers else None
+                row["min"] = min(numbers, default=None)
+                row["max"] = max(numbers, default=None)
+            else:
+                counted = Counter(str(v) for v in given)
+                row["counts"] = {value: counted[value] for value in spec.values}
+            out[name] = row
+        return out

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reef.evaluation_pool import fraction, held_out
 from reef.experience import collect, reports_of
 from reef.judge import JudgeQuality, judge_quality
+from reef.metrics import Tally
 from reef.recipe import recipe_class
 from reef.samples import Kind, check_kind
 from reef.store.base import Store
@@ -16,6 +18,7 @@ from reef.store.base import Store
 if TYPE_CHECKING:
     from reef.artifacts import ArtifactStore
     from reef.settings import LoopSettings, Settings
+    from reef.settings.metrics import MetricSettings
 
 
 EMPTY_POOL = "the gate's evaluation pool is empty: waiting for a held-out sample to decide on"
@@ -37,6 +40,8 @@ class Readiness:
     waiting: str | None = None  # why a full batch is not ready yet
     # why the judge's verdicts do not train now (judge.min_agreement not shown), if they do not
     judge_refused: str | None = None
+    # each declared metric over the scenario's reports (reef.metrics.Tally)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def readiness(
@@ -50,6 +55,7 @@ def readiness(
     judge: bool = True,
     min_agreement: float | None = None,
     agreement_window: int = 50,
+    metrics: Mapping[str, MetricSettings] | None = None,
 ) -> Readiness:
     """How many samples wait for the loop's recipe vs its batch size. No side effects.
 
@@ -60,11 +66,15 @@ def readiness(
     evidence and its samples spent. `judge`: also the judge's record (a second read of the
     scenario's reports: for what shows it, not for deciding whether to evolve).
     `min_agreement` (judge.min_agreement): while the judge's agreement with people is not shown
-    that high, its verdicts count for nothing (`judge_refused` says why)."""
+    that high, its verdicts count for nothing (`judge_refused` says why). `metrics`: the
+    scenario's declared metrics, summarized over its reports (the same read)."""
     kind = check_kind(recipe_kind or recipe_class(loop_settings.recipe).kind)
     quality = None
-    if judge or min_agreement is not None:
-        quality = judge_quality(reports_of(store, scenario), agreement_window)
+    summarized: dict[str, dict[str, Any]] = {}
+    if judge or min_agreement is not None or metrics:
+        tally = Tally(metrics or {})  # counts the metrics as the judge's record reads
+        quality = judge_quality(tally.watch(reports_of(store, scenario)), agreement_window)
+        summarized = tally.summary()
     refused = judge_refusal(quality, min_agreement)
     exp = collect(
         store,
@@ -92,6 +102,7 @@ def readiness(
         judge=quality if judged else None,
         waiting=EMPTY_POOL if full and no_evidence else None,
         judge_refused=refused,
+        metrics=summarized,
         scenario=scenario,
         kind=kind,
         eligible=len(trainable),
@@ -124,6 +135,20 @@ def scenario_readiness(
     from reef.scenario_settings import learning_settings
 
     own = learning_settings(settings, store, scenario)
+    return own_readiness(store, scenario, own, recipe_kind, artifacts=artifacts, judge=judge)
+
+
+def own_readiness(
+    store: Store,
+    scenario: str,
+    own: Settings,
+    recipe_kind: str | None = None,
+    *,
+    artifacts: ArtifactStore | None = None,
+    judge: bool = True,
+) -> Readiness:
+    """`readiness` under `own`, a scenario's resolved settings (Settings.for_scenario): its
+    loop, its gate's held-out share, its judge's agreement check and its declared metrics."""
     return readiness(
         store,
         scenario,
@@ -134,4 +159,5 @@ def scenario_readiness(
         judge=judge,
         min_agreement=own.judge.min_agreement,
         agreement_window=own.judge.agreement_window,
+        metrics=own.metrics,
     )

@@ -16,9 +16,8 @@ from reef.api.bodies import capped_body
 from reef.api.contract import ScenarioPath, errors
 from reef.api.services import caller
 from reef.errors import UnsupportedMediaType
-from reef.evaluation_pool import fraction
 from reef.imports import import_file
-from reef.readiness import readiness
+from reef.readiness import own_readiness
 from reef.samples import KINDS
 from reef.scenario_settings import learning_settings
 
@@ -50,6 +49,11 @@ class StatusOut(BaseModel):
         "on the same turns (all of them, and the last judge.agreement_window with its 90% "
         "Wilson interval)",
     )
+    metrics: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="each metric the scenario declares, over its reports: n (how many give "
+        "it), share_true (boolean), mean/min/max (float) or counts per value (categorical)",
+    )
     judge_refused: str | None = Field(
         None,
         description="why the judge's verdicts do not train now: judge.min_agreement is not "
@@ -76,9 +80,7 @@ async def scenario_status(
     svc, principal, name = caller(request, scenario)
     own = await asyncio.to_thread(learning_settings, svc.settings, svc.store, name)
     loop = own.reef
-    r = await asyncio.to_thread(
-        readiness, svc.store, name, loop, kind, artifacts=svc.artifacts, holdout=fraction(own)
-    )
+    r = await asyncio.to_thread(own_readiness, svc.store, name, own, kind, artifacts=svc.artifacts)
     last = r.last_materialization
     if last is not None and not principal.admin:  # where the server keeps files: admins only
         last = {k: v for k, v in last.items() if k != "uri"}
@@ -95,6 +97,7 @@ async def scenario_status(
         waiting=r.waiting,
         judge=r.judge.as_dict() if r.judge is not None else None,
         judge_refused=r.judge_refused,
+        metrics=r.metrics,
     )
 
 

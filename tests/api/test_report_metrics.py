@@ -187,3 +187,8 @@ def test_a_scenario_learning_from_a_metric_counts_it(server: InProcessReef) -> N
     status = httpx.get(f"{url}/status", headers=admin).json()
     assert (status["eligible"], status["ready"]) == (1, False)
     assert status["dropped"]["no_helpful"] == 2
+    # each declared metric over the scenario's reports
+    assert status["metrics"] == {
+        "accuracy": {"type": "float", "n": 1, "mean": 0.5, "min": 0.5, "max": 0.5},
+        "helpful": {"type": "boolean", "n": 1, "share_true": 1.0},
+    }
