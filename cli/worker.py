@@ -7,7 +7,8 @@ report and per user's job) and composes background tasks (reef.background):
 - the dispatcher: for each scenario a trigger names, whose eligible samples reach
   `batch_size`, it starts the evolve flow; each user's job (POST /reef/train) starts the
   instruct flow (flows.worker: in this process, or as a Prefect deployment run);
-- the schedule, with `reef.schedule_s`: every scenario on that interval;
+- the schedule, with `reef.schedule_s`: every scenario on that interval, and what dead or
+  failed runs left (ReleaseChain.recover: pending candidates, the MLflow alias);
 - the judge, when judging is on (flows.judging): it judges new turns and triggers the
   scenarios that got judgments;
 - retention, with `store.retention_days`: old records and reports archived every hour.
@@ -137,6 +138,9 @@ class Worker:
         names = {t.scenario for t in triggers if t.kind == "evolve" and t.scenario}
         if any(t.kind == "scan" for t in triggers):
             names = self._scenarios()
+            # what a run left unfinished with no batch to come (the MLflow alias of a publish
+            # whose MLflow was away): finished on the schedule too, not only around runs
+            self.runs.start("recover", self.recover)
         for scenario in sorted(names):
             key = f"evolve {scenario}"
             if self.runs.running(key):
