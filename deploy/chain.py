@@ -426,7 +426,7 @@ class ReleaseChain:
         if (line := self._mirror_head(scenario)) is not None:
             done.append(line)
         for line in done:
-            log.warning("recovered a candidate of %s: %s", scenario, line)
+            log.warning("recovered what a run left of %s: %s", scenario, line)
         return done
 
     def _mirror_head(self, scenario: str) -> str | None:
