@@ -7,7 +7,8 @@ report and per user's job) and composes background tasks (reef.background):
 - the dispatcher: for each scenario a trigger names, whose eligible samples reach
   `batch_size`, it starts the evolve flow; each user's job (POST /reef/train) starts the
   instruct flow (flows.worker: in this process, or as a Prefect deployment run);
-- the schedule, with `reef.schedule_s`: every scenario on that interval;
+- the schedule, with `reef.schedule_s`: every scenario on that interval, and what dead or
+  failed runs left (ReleaseChain.recover: pending candidates, the MLflow alias);
 - the judge, when judging is on (flows.judging): it judges new turns and triggers the
   scenarios that got judgments;
 - retention, with `store.retention_days`: old records and reports archived every hour.
@@ -135,7 +136,8 @@ class Worker:
         # 'trl'". They start once the preload is done (users' jobs need no trainer).
         self._preload.join()
         names = {t.scenario for t in triggers if t.kind == "evolve" and t.scenario}
-        if any(t.kind == "scan" for t in triggers):
+        scanned = any(t.kind == "scan" for t in triggers)
+        if scanned:
             names = self._scenarios()
         for scenario in sorted(names):
             key = f"evolve {scenario}"
@@ -145,7 +147,7 @@ class Worker:
                 continue
             if scenario in self.submitted and _in_flight_safe(self.submitted[scenario]):
                 continue
-            self.runs.start(key, self._evolve, scenario)
+            self.runs.start(key, self._evolve, scenario, scanned)
 
     def _scenarios(self) -> set[str]:
         from reef.store.sql import open_store
@@ -167,13 +169,21 @@ class Worker:
         except Exception:
             log.exception("%s: job %s failed", scenario, job_id)
 
-    def _evolve(self, scenario: str) -> None:
+    def _evolve(self, scenario: str, scanned: bool = False) -> None:
+        """An evolve run of `scenario` if its batch is ready. `scanned` (the schedule): if it
+        is not, what runs left unfinished is finished instead (deploy.chain recover: the MLflow
+        alias of a publish whose MLflow was away), which no run would do until a new batch;
+        here, in the scenario's own thread, never beside a run of it."""
         logs.SCENARIO.set(scenario)  # this run's thread: its lines name the scenario
         try:
             # (never ready where the scenario's recipe cannot evolve on this engine: a weights
             # recipe behind an upstream engine has nothing to train; users' jobs still run)
             is_ready, eligible = ready(self.settings, scenario)
             if not is_ready:
+                if scanned:
+                    from reef.flows.release import recover
+
+                    recover(self.settings, scenario)
                 return
             log.info("%s: %d eligible samples: evolving", scenario, eligible)
             result = run_once(self.settings, scenario, self.config, self.overrides)

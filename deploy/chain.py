@@ -406,7 +406,8 @@ class ReleaseChain:
         swap and its status) is finished as publish would (its status, the MLflow alias); one
         the gate accepted that is not on the chain and whose parent is no longer the head can
         never be published (its swap would fail): "failed", with why. A candidate held for a
-        human (manual gate, review) is left to them: promote puts it on today's head. Returns
+        human (manual gate, review) is left to them: promote puts it on today's head. Last,
+        MLflow's `champion` alias is moved to the head if it names another release. Returns
         what it did, a line each."""
         done: list[str] = []
         head = self.store.head_release(scenario).id
@@ -422,9 +423,31 @@ class ReleaseChain:
                         scenario, cand.id, "failed", expected="pending", message=why
                     )
                     done.append(f"{cand.id}: {why}: marked failed")
+        if (line := self._mirror_head(scenario)) is not None:
+            done.append(line)
         for line in done:
-            log.warning("recovered a candidate of %s: %s", scenario, line)
+            log.warning("recovered what a run left of %s: %s", scenario, line)
         return done
+
+    def _mirror_head(self, scenario: str) -> str | None:
+        """Point MLflow's `champion` alias at the head when it names another version: a
+        publish whose alias move failed (MLflow unreachable after the head's swap: the deploy
+        logs it and goes on, the chain being the truth) left it on the release before. What
+        it did, or None; MLflow still away is logged, and the next recover tries again."""
+        head = self.store.head_release(scenario)
+        if not head.model_uri:
+            return None
+        try:
+            current = registry.champion(self.settings.tracking_uri, scenario)
+            named = head.model_uri.rsplit("/", 1)[-1]  # models:/<name>/<version>
+            if current is not None and (current[1] == head.id or str(current[0]) == named):
+                return None
+            registry.set_champion(self.settings.tracking_uri, scenario, head.model_uri)
+        except Exception as e:
+            log.warning("mirroring the head of %s to MLflow failed: %s", scenario, e)
+            return None
+        was = "none" if current is None else current[1]
+        return f"MLflow's champion alias named {was}: moved to the head {head.id}"
 
     def _on_chain(self, scenario: str, release_id: str) -> Release | None:
         try:

@@ -11,7 +11,15 @@ evaluated), `evaluated` (the gate decided, nothing registered), `registered` (th
 and its MLflow version stored, not deployed), `before_cas` (staged and verified in the engine,
 the head not moved), `after_cas` (the head moved, and in the same transaction the batch's
 consumption receipts; the candidate's status and the MLflow alias not yet written),
-`published` (all of that written; the run's recover not yet run)."""
+`published` (all of that written; the run's recover not yet run).
+
+A point can hold the run instead, for a test that takes a dependency away at that stage
+(tests/faults/test_store_outages.py: MLflow or S3 down during a run):
+
+    REEF_FAULTS_PAUSE=evaluated@support   (point@scenario, comma-separated)
+
+There the process writes `reef-pause-<point>@<scenario>` in REEF_FAULTS_DIR and waits (at most
+PAUSE_MAX_S) until `reef-pause-<point>@<scenario>.go` exists, once."""
 
 from __future__ import annotations
 
@@ -20,16 +28,22 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 log = logging.getLogger("reef.faults")
 
-ENV, DIR_ENV = "REEF_FAULTS", "REEF_FAULTS_DIR"
+ENV, DIR_ENV, PAUSE_ENV = "REEF_FAULTS", "REEF_FAULTS_DIR", "REEF_FAULTS_PAUSE"
+PAUSE_MAX_S = 600.0
 POINTS = ("materialized", "trained", "evaluated", "registered", "before_cas", "after_cas")
 
 
 def reached(point: str, scenario: str) -> None:
-    """SIGKILL this process if REEF_FAULTS names `point@scenario` and it has not yet."""
+    """SIGKILL this process if REEF_FAULTS names `point@scenario` and it has not yet; hold it
+    there if REEF_FAULTS_PAUSE does."""
+    paused = os.environ.get(PAUSE_ENV)
+    if paused and f"{point}@{scenario}" in paused.split(","):
+        _pause(point, scenario)
     spec = os.environ.get(ENV)
     if not spec or f"{point}@{scenario}" not in spec.split(","):
         return
@@ -43,3 +57,19 @@ def reached(point: str, scenario: str) -> None:
         handler.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause(point: str, scenario: str) -> None:
+    """Wait at `point` until the test says go (its `.go` file), once."""
+    where = Path(os.environ.get(DIR_ENV) or tempfile.gettempdir())
+    marker = where / f"reef-pause-{point}@{scenario}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return  # held here once already
+    log.warning("fault injected: paused at %s of %s", point, scenario)
+    go = marker.with_name(marker.name + ".go")
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log.warning("fault injected: going on from %s of %s", point, scenario)

@@ -68,7 +68,11 @@ class LoopSettings(Section):
         "serve also accepts on its admin routes (unset: it makes one for its worker)",
     )
     schedule_s: float | None = Field(
-        None, gt=0, description="also check every scenario for a ready batch this often"
+        None,
+        gt=0,
+        description="also check every scenario for a ready batch this often, and finish what "
+        "runs that died or failed left (a candidate on the chain still pending, MLflow's "
+        "champion alias off the head)",
     )
     train_threads: int | None = Field(
         1,

@@ -266,6 +266,25 @@ def test_recover_retires_only_accepted_candidates_the_head_left_behind(
         assert chain.store.get_candidate("once-orphan", held.id).status == "pending"
 
 
+def test_recover_moves_the_champion_alias_a_failed_mirror_left_behind(
+    server: InProcessReef, adapter: Path
+) -> None:
+    """A publish whose MLflow was away after the swap leaves the alias on the release before
+    (the deploy logs it and goes on): the next recover moves it to the head, once."""
+    s = "once-alias"
+    with ReleaseChain.for_settings(server.settings) as chain:
+        first = chain.publish(_candidate(chain, s, adapter, "accepted"))
+        second = chain.publish(_candidate(chain, s, adapter, "accepted"))
+        assert first.model_uri and second.model_uri
+        # what the failed mirror leaves: the alias where the release before put it
+        registry.set_champion(server.settings.tracking_uri, s, first.model_uri)
+        (line,) = chain.recover(s)
+        assert line == f"MLflow's champion alias named {first.id}: moved to the head {second.id}"
+        champion = registry.champion(server.settings.tracking_uri, s)
+        assert champion is not None and champion[1] == second.id
+        assert chain.recover(s) == []  # nothing left: idempotent
+
+
 # A worker's publish, in a process of its own: the batch's receipts (from the experience as the
 # evolve run collects it) go with the candidate's compare-and-swap; REEF_FAULTS kills it there.
 _PUBLISH = """
