@@ -430,15 +430,9 @@ def _collect(
         if max_staleness is not None and staleness > max_staleness:
             dropped["stale"] += 1
             continue
-        if kind == "rollout" and any(
-            r.prompt_token_ids is None or r.completion_token_ids is None for r in records
-        ):
-            imported = any(IMPORTED_TAG in r.tags for r in records)
-            dropped["imported" if imported else "no_token_ids"] += 1
-            continue
-        has_ids = all(r.prompt_token_ids is not None for r in records)
-        if len(records) > 1 and has_ids and not tokens_continue(records):
-            dropped["token_mismatch"] += 1
+        why = _tokens_refusal(records, kind)
+        if why:
+            dropped[why] += 1
             continue
         candidates.append((records, report, float(score), reps, staleness))
 
@@ -458,6 +452,18 @@ def _collect(
         head_seq=head_seq,
         max_staleness=max_staleness,
     )
+
+
+def _tokens_refusal(records: Sequence[Record], kind: Kind) -> str | None:
+    """Why these records' tokens cannot make a sample of `kind`, or None."""
+    if kind == "rollout" and any(
+        r.prompt_token_ids is None or r.completion_token_ids is None for r in records
+    ):
+        return "imported" if any(IMPORTED_TAG in r.tags for r in records) else "no_token_ids"
+    has_ids = all(r.prompt_token_ids is not None for r in records)
+    if len(records) > 1 and has_ids and not tokens_continue(records):
+        return "token_mismatch"
+    return None
 
 
 def _report_ids(reps: Sequence[Report]) -> tuple[str, ...]:
