@@ -18,7 +18,8 @@ report at a time until `/reef/scenarios/soak/status` says ready (the gate holds 
 every batch for its evaluation pool, as bench/evolve_latency.py does), then the round waits
 for the worker to decide the candidate (published or rejected). Retention is on
 (`store.retention_days` = `--retention-minutes`, 10 min) and `reef gc` applies it every
-`--gc-every` s (the worker applies it only hourly).
+`--gc-every` s (the worker applies it only hourly). Where the database server has autovacuum
+off (the project machines' Postgres does), a VACUUM follows each `reef gc`, standing in for it.
 
 Every `--sample-every` s (30): RSS (VmRSS) and open file descriptors of each process of the
 server's session (`reef serve`, the evolve worker, what they start), read from /proc; the
@@ -36,8 +37,9 @@ first is warm-up (models loaded, first rounds), the second the reference, the la
 - open fds: each process's most in the last sixth <= its most in the second sixth + 20;
 - database: its size at the end <= 1.5 x its size at the end of the second sixth (retention
   keeps it flat once the window has passed);
-- artifact store: bytes added per evolve round decided in the second half <= 2 x in the first
-  half (it keeps every release's weights and the archive: linear by design, not faster);
+- artifact store (it keeps every candidate's weights and the archive: linear by design): the
+  weights added per decided round in the second half <= 2 x in the first half, and the
+  archive's bytes per minute likewise (from its first file on);
 - latency: p50 of the last window <= 3 x p50 of the first window after warm-up (p99 reported);
 - no acknowledged receipt or report missing; no call answered 5xx or failed to connect; no
   evolve worker restart; evolve rounds decided >= one per `2 x --evolve-every` after warm-up,
@@ -131,8 +133,8 @@ class Client(threading.Thread):
         self, k: int, server: Server, model: str, shared: Shared, pause: float, keep_s: float
     ):
         super().__init__(name=f"client-{k}", daemon=True)
-        # A response is continued only while it is younger than this (half the retention
-        # window): once archived, its id answers 404, by design.
+        # A Responses chain is continued only while its first response is younger than this
+        # (half the retention window): see respond().
         self.keep_s = keep_s
         self.rng = random.Random(k)
         self.k, self.model, self.shared, self.pause = k, model, shared, pause
@@ -145,7 +147,7 @@ class Client(threading.Thread):
         )
         self.chats: list[list[dict[str, str]]] = []  # conversations to continue
         self.threads: list[list[dict[str, str]]] = []  # anthropic's
-        self.responses: list[tuple[float, str]] = []  # (when, id) of responses to continue
+        self.responses: list[tuple[float, str]] = []  # (chain began, id) to continue
         self.n = 0
 
     def question(self) -> str:
@@ -181,17 +183,20 @@ class Client(threading.Thread):
         return raw.headers["x-reef-agent-record-id"]
 
     def respond(self) -> str:
-        previous = None
-        self.responses = [r for r in self.responses if time.monotonic() - r[0] < self.keep_s]
+        # A response continues its chain while the chain's first response is younger than
+        # keep_s: the server reads the whole chain back, and once retention has archived any
+        # link of it, continuing answers 404 (naming that link), by design.
+        previous, began = None, time.monotonic()
+        self.responses = [r for r in self.responses if began - r[0] < self.keep_s]
         if self.responses and self.rng.random() < 0.5:
-            previous = self.responses.pop(self.rng.randrange(len(self.responses)))[1]
+            began, previous = self.responses.pop(self.rng.randrange(len(self.responses)))
         raw = self.oai.responses.with_raw_response.create(
             model=self.model,
             input=self.question(),
             max_output_tokens=16,
             previous_response_id=previous or openai.omit,
         )
-        self.keep(self.responses, (time.monotonic(), raw.parse().id))
+        self.keep(self.responses, (began, raw.parse().id))
         return raw.headers["x-reef-agent-record-id"]
 
     def message(self) -> str:
@@ -600,15 +605,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax[0][1].legend(fontsize=8)
     a = ax[1][0]
     a.plot(t, [s["db"]["bytes"] / MIB for s in samples], label="Postgres database")
-    a.plot(t, [s["artifacts_bytes"] / MIB for s in samples], label="artifact store")
-    a.plot(t, [s["archive_bytes"] / MIB for s in samples], label="of which: retention archive")
+    a.plot(t, [s["archive_bytes"] / MIB for s in samples], label="retention archive (in the store)")
     a.plot(t, [s["mlflow_db_bytes"] / MIB for s in samples], label="MLflow SQLite")
     a.plot(t, [s["prefect_bytes"] / MIB for s in samples], label="worker's Prefect DB")
     for r in result["rounds"]:
-        if r["status"] == "published":
-            a.axvline(r["t"] / 60, color="grey", alpha=0.2)
-    a.set(title="storage (grey: evolve rounds that published)", xlabel="minutes", ylabel="MiB")
-    a.legend(fontsize=8)
+        if r["status"] in ("published", "rejected"):
+            a.axvline((r["t"] + r["decided_s"]) / 60, color="grey", alpha=0.2)
+    a.set(title="storage (grey: evolve rounds decided)", xlabel="minutes", ylabel="MiB")
+    a.legend(fontsize=8, loc="upper left")
+    b = a.twinx()  # the artifact store is 10-100x the rest: its own axis
+    b.plot(t, [s["artifacts_bytes"] / MIB for s in samples], "k--", label="artifact store")
+    b.set(ylabel="artifact store, MiB (dashed)")
+    b.legend(fontsize=8, loc="lower right")
     a = ax[1][1]
     w = result["windows"]
     mids = [(x["from_min"] + x["to_min"]) / 2 for x in w]
