@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # venv is compiled at install (uv --compile-bytecode); Reef's own modules cache on first import.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: docs venv lock test-package test-docs bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only smollm2 image clean
+.PHONY: docs venv lock test-package test-docs bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only soak smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -198,6 +198,16 @@ bench-embedded: venv smollm2
 # Seconds from the last report of a batch to the first answer of the new release (tiny, SmolLM2).
 bench-evolve: venv smollm2
 	$(BIN)/python bench/evolve_latency.py
+
+# A soak run (not in CI: an hour): one reef serve with its evolve worker on a fresh Postgres
+# database, mixed traffic (openai and anthropic SDKs: chat, streams, Responses, next turns),
+# an evolve round every 4 min, retention on (`reef gc` every 5 min); RSS and fds per process,
+# database and artifact-store size, p50/p99 per 5 min into docs/soak.json and docs/soak.png;
+# exits 1 when growth passes the bounds in docs/reliability.md ("Soak").
+# SOAK_ARGS="--minutes 3 --model tiny --out /tmp/soak" for a short run while developing.
+SOAK_ARGS ?=
+soak: venv smollm2
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
 bench-harness: venv smollm2
 	$(BIN)/python bench/harness_evolve.py
