@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reef.cli.extras import TRAIN_MODULES
 from reef.errors import ConfigError, ReefError
 
 if TYPE_CHECKING:
@@ -48,13 +49,9 @@ def load_settings(config: Path | None, **overrides: Any) -> Settings:
     return load(config, **overrides)
 
 
-# What a command that needs a missing module says to install: the train extra for the learning
-# loop's modules and for `reef evolve`, the serve extra for the rest.
-TRAIN_MODULES = {"prefect", "trl", "accelerate", "datasets", "great_expectations", "gepa", "tqdm"}
-
-
 def missing_extra(command: str, error: ModuleNotFoundError) -> str:
-    """One line for a command whose extra is not installed (a client-only install)."""
+    """One line for a command whose extra is not installed (a client-only install): the train
+    extra for the learning loop's modules and for `reef evolve`, the serve extra for the rest."""
     name = (error.name or "").split(".")[0]
     extra = "train" if name in TRAIN_MODULES or command == "evolve" else "serve"
     return (

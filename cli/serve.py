@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import logging
 import socket
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from reef import logs
+from reef.cli.extras import missing_train_modules
 from reef.engines.base import Engine
 from reef.errors import ReefError
 from reef.settings import Settings, load_settings
@@ -89,10 +89,6 @@ def serve(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         return 130
 
 
-# What the evolve worker imports that only the train extra installs.
-LOOP_MODULES = ("prefect", "trl", "datasets")
-
-
 def _evolver(
     args: argparse.Namespace, overrides: dict[str, Any], settings: Settings
 ) -> tuple[str | None, Any]:
@@ -103,7 +99,7 @@ def _evolver(
     engine_token = configured.get_secret_value() if configured is not None else None
     if not settings.reef.auto:  # else the worker evolves scenarios and runs users' jobs
         return engine_token, None
-    missing = [m for m in LOOP_MODULES if importlib.util.find_spec(m) is None]
+    missing = missing_train_modules()
     if missing:  # the serve extra alone: serve and record, and say once why nothing learns
         log.warning(
             "learning is off: the evolve worker needs the train extra (no module %s here): "

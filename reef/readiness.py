@@ -67,12 +67,14 @@ def readiness(
     scenario's reports: for what shows it, not for deciding whether to evolve).
     `min_agreement` (judge.min_agreement): while the judge's agreement with people is not shown
     that high, its verdicts count for nothing (`judge_refused` says why). `metrics`: the
-    scenario's declared metrics, summarized over its reports (the same read)."""
+    scenario's declared metrics, summarized over its reports in the judge's read (with
+    `judge` only: a check that decides whether to evolve does not read them)."""
     kind = check_kind(recipe_kind or recipe_class(loop_settings.recipe).kind)
     quality = None
     summarized: dict[str, dict[str, Any]] = {}
-    if judge or min_agreement is not None or metrics:
-        tally = Tally(metrics or {})  # counts the metrics as the judge's record reads
+    if judge or min_agreement is not None:
+        # the metrics are for what shows readiness (judge=True), counted in the same read
+        tally = Tally(metrics if judge and metrics else {})
         quality = judge_quality(tally.watch(reports_of(store, scenario)), agreement_window)
         summarized = tally.summary()
     refused = judge_refusal(quality, min_agreement)
