@@ -442,12 +442,18 @@ class ReleaseChain:
             named = head.model_uri.rsplit("/", 1)[-1]  # models:/<name>/<version>
             if current is not None and (current[1] == head.id or str(current[0]) == named):
                 return None
-            registry.set_champion(self.settings.tracking_uri, scenario, head.model_uri)
+            self._champion(head)
         except Exception as e:
             log.warning("mirroring the head of %s to MLflow failed: %s", scenario, e)
             return None
         was = "none" if current is None else current[1]
         return f"MLflow's champion alias named {was}: moved to the head {head.id}"
+
+    def _champion(self, release: Release) -> None:
+        """MLflow's `champion` alias on `release`'s model version (a release without one, a
+        harness, has none to point at)."""
+        if release.model_uri:
+            registry.set_champion(self.settings.tracking_uri, release.scenario, release.model_uri)
 
     def _on_chain(self, scenario: str, release_id: str) -> Release | None:
         try:
@@ -465,10 +471,7 @@ class ReleaseChain:
                     candidate.scenario, candidate.id, "published", expected=candidate.status
                 )
         if redo and self.store.head_release(release.scenario).id == release.id:
-            if release.model_uri:
-                registry.set_champion(
-                    self.settings.tracking_uri, release.scenario, release.model_uri
-                )
+            self._champion(release)
             self.engine.refresh(release.scenario)
         return release
 
@@ -521,19 +524,12 @@ class ReleaseChain:
         if model_uri is not None:
             release = dataclasses.replace(release, model_uri=model_uri)
         told = [*events.published(self.settings.events, release), *also]
-
-        def champion(published: Release) -> None:
-            if published.model_uri:
-                registry.set_champion(
-                    self.settings.tracking_uri, published.scenario, published.model_uri
-                )
-
         published, timings = deploy(
             self.store,
             self.engine,
             release,
             keep=self.keep,
-            mirror=champion,
+            mirror=self._champion,
             events=told,
             consumptions=consumptions,
         )
