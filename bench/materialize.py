@@ -38,6 +38,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+# pyarrow imports pandas at its first table (0.2-0.6 s here). The evolve worker has it loaded
+# before any run (its preload imports Great Expectations, which imports pandas); so does this.
+import pandas  # noqa: E402, F401
 from sqlalchemy import insert, select  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 

@@ -123,10 +123,18 @@ class Database(Lifecycle):
         return row
 
     def _page(
-        self, table: Any, scenario: str, after: str | None, limit: int, noun: str
+        self,
+        table: Any,
+        scenario: str,
+        after: str | None,
+        limit: int,
+        noun: str,
+        columns: tuple[Any, ...] = (),
     ) -> list[Row[Any]]:
-        """Rows of `table` in this scenario with id > `after`, oldest first."""
-        query = select(table).where(table.c.scenario == scenario)
+        """Rows of `table` (its `columns`, or all of them) in this scenario with id > `after`,
+        oldest first."""
+        query = select(*columns) if columns else select(table)
+        query = query.where(table.c.scenario == scenario)
         if after is not None:
             query = query.where(table.c.id > after)
         query = query.order_by(table.c.id).limit(max(limit, 0))

@@ -16,7 +16,7 @@ from reef.records import Consumption, Report
 from reef.store import tables
 from reef.store.connect import describe_error
 from reef.store.database import IN_CHUNK, Database
-from reef.store.rows import id_at, report_of, report_row
+from reef.store.rows import REPORT_COLUMNS, id_at, report_of, report_row, reports_of
 
 
 class ReportStore(Protocol):
@@ -124,7 +124,9 @@ class SQLReports(Database, ReportStore):
     def list_reports(
         self, scenario: str, after: str | None = None, limit: int = 100
     ) -> list[Report]:
-        return [report_of(r) for r in self._page(tables.reports, scenario, after, limit, "report")]
+        return reports_of(
+            self._page(tables.reports, scenario, after, limit, "report", REPORT_COLUMNS)
+        )
 
     def delete_reports(self, scenario: str, reports: Sequence[Report]) -> int:
         p, x = tables.reports, tables.report_references

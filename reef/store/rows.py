@@ -148,6 +148,24 @@ def report_of(row: Row[Any]) -> Report:
     )
 
 
+# The reports table's columns in the Report's field order, for bulk reads (reports_of).
+REPORT_COLUMNS = tuple(tables.reports.c[f.name] for f in dataclasses.fields(Report))
+_REFERENCES = REPORT_COLUMNS.index(tables.reports.c.references)
+_METRICS = REPORT_COLUMNS.index(tables.reports.c.metrics)
+
+
+def reports_of(rows: Iterable[Row[Any]]) -> list[Report]:
+    """Reports from rows of a `select(*REPORT_COLUMNS)` query, built positionally (bulk reads:
+    experience reads every report of a scenario)."""
+    out = []
+    for row in rows:
+        values = list(row)
+        values[_REFERENCES] = tuple(values[_REFERENCES])
+        values[_METRICS] = values[_METRICS] or {}
+        out.append(Report(*values))
+    return out
+
+
 def scenario_of(row: Row[Any]) -> Scenario:
     m = row._mapping
     return Scenario(
