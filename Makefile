@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # venv is compiled at install (uv --compile-bytecode); Reef's own modules cache on first import.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: docs venv lock test-package test-docs bwrap vllm-venv test-vllm agents test-agents test-ui test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only soak smollm2 image clean
+.PHONY: docs venv lock test-package test-docs bwrap vllm-venv test-vllm agents test-agents test-ui test-demo test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only soak smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -127,10 +127,15 @@ test-contract: venv
 test-ui: venv
 	$(BIN)/pytest -m ui $(PYTEST_ARGS)
 
+# A real demo round on SmolLM2, then the dashboard in Chromium: the overview and the learning
+# page lead with the held-out pass rate's rise and the change in correct answers.
+test-demo: venv smollm2
+	$(BIN)/pytest -m demo $(PYTEST_ARGS)
+
 # The dashboard's pages as PNGs in docs/ (docs/ui.md shows them): the browser test, saving a
 # screenshot of each page as it walks the loop.
-screenshots: venv
-	REEF_UI_SCREENSHOTS=$(abspath docs) $(BIN)/pytest -m ui -s $(PYTEST_ARGS)
+screenshots: venv smollm2
+	REEF_UI_SCREENSHOTS=$(abspath docs) $(BIN)/pytest -m "ui or demo" -s $(PYTEST_ARGS)
 
 # The browser assets Reef serves itself: the dashboard's chart library (uPlot) and the API docs'
 # Swagger UI (/docs) and ReDoc (/redoc), installed from npm by their lockfile, and the built

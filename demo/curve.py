@@ -110,13 +110,16 @@ def save_figures(artifacts_dir: Path, scenario: str, steps: list[Step], source: 
             "held-out pass rate",
             source,
             tuple(Point(s.release_id, s.pass_rate) for s in steps),
+            order=0,  # the preference leads the dashboard's learning figures
         )
     ]
     correct = tuple(
         Point(s.release_id, s.correct / s.asked) for s in steps if s.correct is not None
     )
     if correct:
-        figures.append(Figure("held-out-correct", "held-out answers correct", source, correct))
+        figures.append(
+            Figure("held-out-correct", "held-out answers correct", source, correct, order=1)
+        )
     return [save_figure(artifacts, scenario, f) for f in figures]
 
 

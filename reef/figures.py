@@ -9,8 +9,11 @@ a figure is measured after it serves.
 
 A figure is one JSON object at `figures/<scenario>/<name>.json`:
 
-    {"title": "held-out pass rate", "source": "python -m demo",
+    {"title": "held-out pass rate", "source": "python -m demo", "order": 0,
      "points": [{"release_id": "rel_...", "value": 0.25}, ...]}
+
+`order` (optional, default 100) says which figure leads: the dashboard lists a scenario's
+figures by it, then by name, and the first is the overview's sparkline.
 
 Deleting the scenario removes them with its other files (reef.deletion).
 """
@@ -38,12 +41,16 @@ class Point:
     value: float
 
 
+DEFAULT_ORDER = 100
+
+
 @dataclass(frozen=True)
 class Figure:
     name: str
     title: str
     source: str
     points: tuple[Point, ...]
+    order: int = DEFAULT_ORDER  # lower leads (the overview's sparkline is the first)
 
 
 def figure_key(scenario: str, name: str) -> str:
@@ -57,6 +64,7 @@ def save_figure(artifacts: ArtifactStore, scenario: str, figure: Figure) -> str:
     body = {
         "title": figure.title,
         "source": figure.source,
+        "order": figure.order,
         "points": [asdict(p) for p in figure.points],
     }
     data = json.dumps(body, indent=1).encode()
@@ -87,6 +95,7 @@ def load_figures(artifacts: ArtifactStore, scenario: str) -> tuple[list[Figure],
             problems.append(f"{key}: {e}")
     if len(keys) > MAX_FIGURES:
         problems.append(f"{len(keys) - MAX_FIGURES} more figures not shown (first {MAX_FIGURES})")
+    figures.sort(key=lambda f: (f.order, f.name))
     return figures, problems
 
 
@@ -99,6 +108,9 @@ def _figure(name: str, body: Any) -> Figure:
         if not math.isfinite(value):
             raise ValueError(f"value {value} of {p['release_id']} is not finite")
         points.append(Point(str(p["release_id"]), value))
+    order = body.get("order", DEFAULT_ORDER)
+    if not isinstance(order, int) or isinstance(order, bool):
+        raise ValueError(f"order {order!r} is not an integer")
     return Figure(
-        name, str(body.get("title") or name), str(body.get("source") or ""), tuple(points)
+        name, str(body.get("title") or name), str(body.get("source") or ""), tuple(points), order
     )

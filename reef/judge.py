@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from reef.errors import ConfigError, UpstreamError
+from reef.intervals import wilson
 from reef.recipe import import_object
 from reef.records import Report, utcnow
 
@@ -499,16 +500,6 @@ class JudgeQuality:
             ),
             "judges": list(self.judges),
         }
-
-
-def wilson(successes: int, n: int, z: float = 1.6449) -> tuple[float, float] | None:
-    """The Wilson score interval of a proportion (z 1.6449: 90%, two-sided); None for n = 0."""
-    if n == 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def judge_quality(reports: Iterable[Report], window: int = 50) -> JudgeQuality:

@@ -32,6 +32,8 @@ def test_a_demo_run_becomes_figures_per_release(tmp_path: Path) -> None:
         ("rel_b", 0.5625),  # a refused round measured the head it kept
     ]
     assert [p.value for p in by_name["held-out-correct"].points] == [0.5, 0.625, 0.4375]
+    # the preference leads, whatever the names' order: the dashboard's headline is the first
+    assert [f.name for f in figures] == ["held-out-pass-rate", "held-out-correct"]
     assert load_figures(LocalArtifacts(tmp_path), "another") == ([], [])
 
 
@@ -41,10 +43,12 @@ def test_broken_files_are_reported_not_raised(tmp_path: Path) -> None:
     store.put_bytes("figures/s/broken.json", b"{not json")
     store.put_bytes("figures/s/nan.json", b'{"points": [{"release_id": "r", "value": NaN}]}')
     store.put_bytes("figures/s/notes.txt", b"ignored: not a figure file")
+    store.put_bytes("figures/s/order.json", b'{"order": "first", "points": []}')
     figures, problems = load_figures(store, "s")
     assert [f.name for f in figures] == ["good"]
-    assert len(problems) == 2
+    assert len(problems) == 3
     assert any("broken.json" in p for p in problems) and any("not finite" in p for p in problems)
+    assert any("order 'first' is not an integer" in p for p in problems)
     with pytest.raises(BadRequest, match="figure name"):
         save_figure(store, "s", Figure("../escape", "x", "", ()))
 

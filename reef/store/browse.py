@@ -11,7 +11,6 @@ the dashboard within its time budget at any scenario size (bench/ui_pages.py mea
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,6 +19,7 @@ from typing import Any
 from sqlalchemy import Float, Text, and_, cast, exists, func, literal, select, union_all
 
 from reef.errors import BadRequest
+from reef.intervals import mean_interval, natural_range
 from reef.records import IMPORTED_TAG, Job, Record, Report, utcnow
 from reef.store import tables
 from reef.store.base import Store
@@ -81,12 +81,24 @@ class RecordPage:
 
 @dataclass(frozen=True)
 class ScoreStats:
-    """Scores reported on the traffic a release served: mean with a 95% normal interval."""
+    """Scores reported on the traffic a release served: their mean with a 95% interval, inside
+    `bounds` when every score lay in one of the natural ranges (reef.intervals)."""
 
     n: int
     mean: float
     low: float
     high: float
+    bounds: tuple[float, float] | None = None
+
+    @classmethod
+    def of(
+        cls, n: int, total: float, total_sq: float, smallest: float, largest: float
+    ) -> ScoreStats:
+        mean = total / n
+        variance = max(0.0, total_sq / n - mean * mean) * (n / (n - 1) if n > 1 else 0.0)
+        bounds = natural_range(smallest, largest)
+        low, high = mean_interval(n, mean, variance, bounds)
+        return cls(n, mean, low, high, bounds)
 
 
 @dataclass(frozen=True)
@@ -260,19 +272,23 @@ class Browse:
         x = tables.report_references
         score = cast(x.c.score, Float)
         query = (
-            select(x.c.release_id, func.count(), func.avg(score), func.avg(score * score))
+            select(
+                x.c.release_id,
+                func.count(),
+                func.sum(score),
+                func.sum(score * score),
+                func.min(score),
+                func.max(score),
+            )
             .where(x.c.scenario == scenario, x.c.score.is_not(None))
             .group_by(x.c.release_id)
         )
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
-        out = {}
-        for release_id, n, mean, mean_sq in rows:
-            n, mean = int(n), float(mean)
-            var = max(0.0, float(mean_sq) - mean * mean) * (n / (n - 1) if n > 1 else 0.0)
-            half = 1.96 * math.sqrt(var / n) if n > 1 else 0.0
-            out[release_id] = ScoreStats(n, mean, mean - half, mean + half)
-        return out
+        return {
+            release_id: ScoreStats.of(int(n), float(total), float(sq), float(lo), float(hi))
+            for release_id, n, total, sq, lo, hi in rows
+        }
 
     # jobs -----------------------------------------------------------------------
     def jobs(self, scenario: str, limit: int = 50) -> list[Job]:

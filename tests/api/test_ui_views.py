@@ -14,7 +14,15 @@ from prometheus_client import CollectorRegistry
 
 from reef.api.quotas import QuotaGate
 from reef.api.ui.views.candidates import candidate_rows
-from reef.api.ui.views.curves import curve, curve_rows, figure_rows, figure_series
+from reef.api.ui.views.curves import (
+    change,
+    curve,
+    curve_rows,
+    figure_rows,
+    figure_series,
+    guard_series,
+    headline,
+)
 from reef.api.ui.views.overview import overview_row
 from reef.api.ui.views.quotas import QuotaRow, quota_rows
 from reef.api.ui.views.records import (
@@ -24,13 +32,13 @@ from reef.api.ui.views.records import (
     record_rows,
     turns,
 )
-from reef.api.ui.views.releases import FileDiff, Links, diff, release_rows
+from reef.api.ui.views.releases import FileDiff, Links, diff, guard_lines, release_rows
 from reef.artifacts import open_artifacts
 from reef.cli.testing import InProcessReef
 from reef.figures import Figure, Point, load_figures, save_figure
 from reef.records import Release
 from reef.settings import load_settings
-from reef.store.browse import Browse, RecordFilter
+from reef.store.browse import Browse, RecordFilter, ScoreStats
 from reef.store.sql import SQLStore, open_store
 from reef.testing.traffic import traffic
 from tests.store.builders import new_candidate, new_release
@@ -221,6 +229,79 @@ def test_curve_and_figure_rows(store: SQLStore, tmp_path: Path) -> None:
     assert [row.release.id for row in rows] == [back.id, trained.id, base.id]
     assert all(row.score is None for row in rows)
     assert curve(chain, {})["gate"] == [None, 0.75, None]
+
+
+def _guarded_chain(store: SQLStore, name: str) -> list[Release]:
+    """A base and two releases, each published by a gate with a correctness guard (held-out
+    means: base 0.6875 as the first gate's head, then 0.625, then 0.5625)."""
+    head = store.ensure_scenario(name).head_release_id
+    for cand, prior in ((0.625, 0.6875), (0.5625, 0.625)):
+        guard = {"name": "correct", "broken": False, "reason": "held", "n": 16, "max_drop": 0.1}
+        guard |= {"mean_candidate": cand, "mean_head": prior, "wins": 15, "losses": 1}
+        gate = {"status": "accepted", "policy": "always", "n": 0, "guards": [guard]}
+        head = store.publish_release(new_release(name, head, gate=gate)).id
+    return store.list_releases(name)
+
+
+def test_the_learning_page_leads_with_held_out_figures_and_guards(
+    store: SQLStore, tmp_path: Path
+) -> None:
+    chain = _guarded_chain(store, "lead")
+    base, _, second = chain
+    # each guard's held-out mean per release: the base's from the first gate's head
+    (correct,) = guard_series(chain)
+    assert (correct.name, correct.values) == ("guard correct", (0.6875, 0.625, 0.5625))
+    lines = guard_lines(second.gate)
+    assert [(g.name, g.safe, g.candidate, g.head, g.n) for g in lines] == [
+        ("correct", True, 0.5625, 0.625, 16)
+    ]
+    assert guard_lines({"guards": [{"name": "x", "broken": True, "n": 1}]})[0].safe is False
+
+    # a held-out figure leads, then the guard, then the reported score (0/1 thumbs on base)
+    points = (Point(base.id, 0.125), Point(second.id, 0.875))
+    figures = [Figure("pass", "held-out pass rate", "demo", points)]
+    scores = {base.id: ScoreStats.of(8, 2.0, 2.0, 0.0, 1.0)}
+    lead = headline(chain, scores, figure_series(chain, figures))
+    assert [s.name for s in lead] == ["held-out pass rate", "guard correct", "mean reported score"]
+    rise = change(chain, lead[0])
+    assert rise is not None and (rise.first, rise.last) == (0.125, 0.875)
+    assert (rise.first_seq, rise.last_seq, rise.delta) == (0, 2, 0.75)
+    # the guard's drop is shown as such, not averaged away
+    drop = change(chain, lead[1])
+    assert drop is not None and drop.delta == pytest.approx(-0.125)
+    # the chart gets the figure and the guard on the score's axis
+    drawn = curve(chain, scores, lead[:2])
+    assert drawn["lines"] == [
+        {"name": "held-out pass rate", "values": [0.125, None, 0.875]},
+        {"name": "guard correct", "values": [0.6875, 0.625, 0.5625]},
+    ]
+    # the thumbs' interval stays inside [0, 1] (the normal one was [-0.05, 0.55])
+    assert drawn["low"][0] == pytest.approx(0.0715, abs=1e-4) and drawn["high"][0] <= 1.0
+
+    # the overview's sparkline is the headline: the held-out figure, first → latest
+    row = overview_row(
+        "lead",
+        head=second,
+        traffic=Browse(store).traffic("lead"),
+        candidates=[],
+        chain=chain,
+        scores=scores,
+        figures=figures,
+    )
+    assert [(c.name, c.first, c.last) for c in row.lead] == [
+        ("held-out pass rate", 0.125, 0.875),
+        ("guard correct", 0.6875, 0.5625),
+    ]
+    assert len(row.curve.split()) == 3
+    # every release shows its figures and its gate's guards
+    newest, middle, oldest = release_rows(chain, scores, LINKS, figures)
+    assert (newest.figures, middle.figures) == ((("held-out pass rate", 0.875),), ())
+    assert [g.candidate for g in newest.guards] == [0.5625] and oldest.guards == ()
+    # without figures it leads with the guard
+    plain = overview_row(
+        "lead", head=second, traffic=row.traffic, candidates=[], chain=chain, scores=scores
+    )
+    assert [c.name for c in plain.lead] == ["guard correct", "mean reported score"]
 
 
 def test_harness_diff_rows() -> None:

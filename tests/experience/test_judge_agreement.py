@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from reef.judge import judge_quality, wilson
+from reef.intervals import wilson
+from reef.judge import judge_quality
 from reef.readiness import readiness
 from reef.records import Report, utcnow
 from reef.settings import LoopSettings

@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
+import pytest
+
+from reef.intervals import wilson
 from reef.records import Record, Report, new_id, utcnow
 from reef.store import tables
 from reef.store.browse import Browse, RecordFilter, id_at
@@ -71,6 +74,9 @@ def test_filters_pages_and_scores(store: SQLStore, make_record: Callable[..., Re
     scores = big.release_scores("ui")
     assert scores[base].n == 3 and abs(scores[base].mean - 2 / 3) < 1e-9
     assert scores[base].low < scores[base].mean < scores[base].high
+    # every score is 0 or 1: the interval is Wilson's, inside [0, 1]
+    assert scores[base].bounds == (0.0, 1.0)
+    assert (scores[base].low, scores[base].high) == pytest.approx(wilson(2, 3, z=1.96))
 
     reports = big.reports_for("ui", [recs[2].id, recs[5].id])
     assert [p.score for p in reports[recs[2].id]] == [1.0, 0.0] and reports[recs[5].id] == []

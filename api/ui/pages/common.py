@@ -21,6 +21,7 @@ from reef.api.ui.signin import SignInRequired, Viewer, checked_form, viewer
 from reef.api.ui.views.releases import Links
 from reef.api.ui.views.text import age, num, short
 from reef.errors import BadRequest, ReefError
+from reef.figures import Figure, load_figures
 
 templates = Jinja2Templates(directory=str(Path(__file__).parents[1] / "templates"))
 templates.env.globals.update(age=age, short=short)
@@ -128,3 +129,12 @@ def links(svc: Services) -> Links:
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`fn` in a worker thread: the store and the artifact store block."""
     return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+
+
+def figures(svc: Services, scenario: str) -> tuple[list[Figure], list[str]]:
+    """The scenario's figures (reef.figures) and what could not be read of them: an artifact
+    store that is down is one more problem to show, never a broken page. Blocking: `call` it."""
+    try:
+        return load_figures(svc.artifacts, scenario)
+    except ReefError as e:
+        return [], [f"demo figures unavailable: {e.message}"]

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from reef.api.services import Services, services
-from reef.api.ui.pages.common import call, page, render, scoped
+from reef.api.ui.pages.common import call, figures, page, render, scoped
 from reef.api.ui.signin import viewer
 from reef.api.ui.views.overview import OverviewRow, overview_row
 from reef.readiness import Readiness, scenario_readiness
@@ -32,6 +32,7 @@ async def overview(request: Request) -> Response:
 
 def _row(svc: Services, name: str) -> OverviewRow:
     """One scenario's row of the overview, read in one worker thread."""
+    found, _ = figures(svc, name)  # the artifact store down: the row leads with the store's
     return overview_row(
         name,
         head=svc.store.head_release(name),
@@ -39,6 +40,7 @@ def _row(svc: Services, name: str) -> OverviewRow:
         candidates=svc.store.list_candidates(name),
         chain=svc.store.list_releases(name),
         scores=svc.browse.release_scores(name),
+        figures=found,
     )
 
 

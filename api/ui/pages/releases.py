@@ -8,7 +8,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from reef.api.services import Services
-from reef.api.ui.pages.common import admin_form, back, call, links, page, release_id, render, scoped
+from reef.api.ui.pages.common import (
+    admin_form,
+    back,
+    call,
+    figures,
+    links,
+    page,
+    release_id,
+    render,
+    scoped,
+)
 from reef.api.ui.views.releases import diff, release_rows
 from reef.errors import NotFound
 from reef.records import Candidate, Release
@@ -23,14 +33,16 @@ async def releases(request: Request, scenario: str) -> Response:
     scen = await call(svc.store.get_scenario, name)
     chain = await call(svc.store.list_releases, name)
     scores = await call(svc.browse.release_scores, name)
+    found, problems = await call(figures, svc, name)
     return render(
         request,
         "releases.html",
         who,
         scenario=name,
         tab="releases",
-        rows=release_rows(chain, scores, links(svc)),
+        rows=release_rows(chain, scores, links(svc), found),
         head=scen.head_release_id,
+        problems=problems,
     )
 
 

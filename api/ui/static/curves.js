@@ -27,7 +27,15 @@
     ],
     bands: [{ series: [3, 1], fill: "rgba(11,92,173,0.12)" }],
   };
-  const plot = new uPlot(opts, [data.seq, data.low, data.mean, data.high, data.gate], el);
+  // The headline's figures (held-out pass rates) and the gate guards' held-out means, on the
+  // score's axis: they are shares in [0, 1] (the page leaves others to the chart below).
+  const colours = ["#8a3ffc", "#d12771", "#b28600", "#007d79", "#6f6f6f"];
+  (data.lines || []).forEach((line, i) => {
+    opts.series.push({ label: line.name, stroke: colours[i % colours.length], width: 2.5, points: { size: 9 }, spanGaps: true });
+  });
+  if ((data.lines || []).length) opts.axes[1].label = "share / mean score";
+  const columns = [data.seq, data.low, data.mean, data.high, data.gate, ...(data.lines || []).map((l) => l.values)];
+  const plot = new uPlot(opts, columns, el);
   window.addEventListener("resize", () => plot.setSize({ width: width(), height: 320 }));
 })();
 

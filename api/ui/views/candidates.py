@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from reef.api.ui.views.releases import Links, gate_numbers
+from reef.api.ui.views.releases import GuardLine, Links, gate_numbers, guard_lines
 from reef.records import Candidate, Release
 
 
@@ -16,6 +16,7 @@ class CandidateRow:
 
     candidate: Candidate
     gate: dict[str, Any]  # gate_numbers
+    guards: tuple[GuardLine, ...]  # the gate's guards
     approval: dict[str, Any] | None  # {"by", "via"}: on the release it became, if approved
     mlflow: str | None
     flow_run: str | None
@@ -35,6 +36,7 @@ def candidate_rows(
         CandidateRow(
             candidate=c,
             gate=gate_numbers(c.gate),
+            guards=guard_lines(c.gate),
             approval=released[c.id].metadata.get("approval") if c.id in released else None,
             mlflow=links.mlflow(c.model_uri),
             flow_run=links.flow_run(c.metadata.get("flow_run_id")),

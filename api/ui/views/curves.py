@@ -4,6 +4,7 @@ the same numbers as table rows."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,10 +13,14 @@ from reef.records import Release
 from reef.store.browse import ScoreStats
 
 
-def curve(chain: list[Release], scores: dict[str, ScoreStats]) -> dict[str, list[Any]]:
-    """Chart series per release, oldest first: mean reported score with its interval and the
-    gate's held-out means (candidate). Other figures per release: `figure_series`."""
+def curve(
+    chain: list[Release], scores: dict[str, ScoreStats], lines: Sequence[Series] = ()
+) -> dict[str, list[Any]]:
+    """Chart series per release, oldest first: mean reported score with its interval, the
+    gate's held-out means (candidate), and `lines` (the headline's figures and guards on the
+    same axis as the score). Other figures per release: `figure_series`."""
     out: dict[str, list[Any]] = {
+        "lines": [{"name": s.name, "values": list(s.values)} for s in lines],
         "seq": [],
         "label": [],
         "mean": [],
@@ -81,7 +86,7 @@ def _finite(value: Any) -> bool:
 
 
 def figure_series(
-    chain: list[Release], figures: list[Figure], max_metrics: int = 40
+    chain: list[Release], figures: Sequence[Figure], max_metrics: int = 40
 ) -> list[Series]:
     """The second chart's series per release, oldest first (aligned with `curve`): the demo
     and bench figures measured outside Reef (reef.figures) first, then every numeric metric
@@ -101,6 +106,74 @@ def figure_series(
         vals = [round(float(r.metrics[k]), 6) if _finite(r.metrics.get(k)) else None for r in chain]
         out.append(Series(k, f"metric:{k}", "release metrics", tuple(vals)))
     return out
+
+
+def guard_series(chain: list[Release]) -> list[Series]:
+    """Each gate guard's held-out mean per release, oldest first (aligned with `curve`): the
+    candidate's mean at the release it became, and the head's mean it was compared with at the
+    release before it (so the base release has its value from the first gate that guarded it)."""
+    index = {r.id: i for i, r in enumerate(chain)}
+    values: dict[str, list[float | None]] = {}
+    for i, r in enumerate(chain):
+        for g in r.gate.get("guards") or ():
+            if not isinstance(g, dict) or not g.get("name"):
+                continue
+            line = values.setdefault(str(g["name"]), [None] * len(chain))
+            if _finite(g.get("mean_candidate")):
+                line[i] = round(float(g["mean_candidate"]), 6)
+            parent = index.get(r.parent_id or "")
+            if parent is not None and line[parent] is None and _finite(g.get("mean_head")):
+                line[parent] = round(float(g["mean_head"]), 6)
+    return [
+        Series(f"guard {name}", f"guard:{name}", "the gate's held-out tasks", tuple(v))
+        for name, v in values.items()
+    ]
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a series did over the chain: its first and its latest value, and at which releases."""
+
+    name: str
+    source: str
+    first: float
+    last: float
+    first_seq: int
+    last_seq: int
+
+    @property
+    def delta(self) -> float:
+        return self.last - self.first
+
+
+def change(chain: list[Release], series: Series) -> Change | None:
+    """The series' first and latest value (None with fewer than one value)."""
+    known = [(r.seq, v) for r, v in zip(chain, series.values, strict=True) if v is not None]
+    if not known:
+        return None
+    return Change(series.name, series.source, known[0][1], known[-1][1], known[0][0], known[-1][0])
+
+
+def score_series(chain: list[Release], scores: dict[str, ScoreStats]) -> Series:
+    """The mean reported score per release, as a Series (for the headline and the overview)."""
+    values = tuple(round(scores[r.id].mean, 6) if r.id in scores else None for r in chain)
+    return Series("mean reported score", "score", "reports on the traffic it served", values)
+
+
+def headline(
+    chain: list[Release], scores: dict[str, ScoreStats], figures: list[Series]
+) -> list[Series]:
+    """What the learning page and the overview lead with, most telling first: the figures
+    measured outside Reef on held-out questions (`figure_series`' figures), each gate guard's
+    held-out mean, then the mean reported score. Only series with a value."""
+    ordered = [s for s in figures if s.figure] + guard_series(chain)
+    ordered.append(score_series(chain, scores))
+    return [s for s in ordered if any(v is not None for v in s.values)]
+
+
+def on_unit_scale(series: Series) -> bool:
+    """Whether every value lies in [0, 1] (a rate or a pass share): the main chart's left axis."""
+    return all(v is None or 0.0 <= v <= 1.0 for v in series.values)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,11 @@ learning curve as a sparkline."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reef.api.ui.views.curves import Change, change, figure_series, headline
+from reef.figures import Figure
 from reef.records import Candidate, Release
 from reef.store.browse import ScoreStats, Traffic
 
@@ -46,6 +49,11 @@ def sparkline(values: list[float | None], width: int = 120, height: int = 28) ->
     return " ".join(points)
 
 
+# How many headline series a row names (the first is its sparkline): a demo's preference and
+# the correctness it may have cost.
+LEAD = 2
+
+
 @dataclass(frozen=True)
 class OverviewRow:
     """One scenario's row of the overview."""
@@ -56,8 +64,9 @@ class OverviewRow:
     bars: tuple[Bar, ...]  # records per hour over the last day
     last: Candidate | None  # the newest candidate: the last evolve's outcome
     pending: int  # candidates waiting for review
-    curve: str  # the sparkline of the mean reported score per release ("" before any)
+    curve: str  # the sparkline of the headline series per release ("" before any value)
     releases: int
+    lead: tuple[Change, ...] = ()  # the first headline series' first and latest values
 
 
 def overview_row(
@@ -67,10 +76,13 @@ def overview_row(
     candidates: list[Candidate],
     chain: list[Release],
     scores: dict[str, ScoreStats],
+    figures: Sequence[Figure] = (),
 ) -> OverviewRow:
     """The row of scenario `name` from its head, traffic, candidates (newest first), release
-    chain (oldest first) and the scores reported per release."""
-    means = [scores[r.id].mean if r.id in scores else None for r in chain]
+    chain (oldest first), the scores reported per release and its figures (reef.figures). The
+    sparkline is the learning page's headline series: a held-out figure when there is one, else
+    a gate guard's held-out mean, else the mean reported score."""
+    lead = headline(chain, scores, figure_series(chain, figures))
     return OverviewRow(
         name=name,
         head=head,
@@ -78,6 +90,7 @@ def overview_row(
         bars=tuple(bars(traffic.hourly)),
         last=candidates[0] if candidates else None,
         pending=sum(1 for c in candidates if c.status == "pending"),
-        curve=sparkline(means),
+        curve=sparkline(list(lead[0].values)) if lead else "",
         releases=len(chain),
+        lead=tuple(c for c in (change(chain, s) for s in lead[:LEAD]) if c is not None),
     )

@@ -4,10 +4,12 @@ traffic got, who approved it and its links out (MLflow, Prefect); and a harness 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from reef.figures import Figure
 from reef.records import Release
 from reef.store.browse import ScoreStats
 
@@ -29,6 +31,45 @@ GATE_KEYS = (
 def gate_numbers(gate: dict[str, Any]) -> dict[str, Any]:
     """The gate's decision in the words the timeline uses (its set keys, in GATE_KEYS' order)."""
     return {k: gate[k] for k in GATE_KEYS if gate.get(k) not in (None, "")}
+
+
+@dataclass(frozen=True)
+class GuardLine:
+    """One gate guard's check, as the release and candidate pages show it: the guard's held-out
+    mean for the candidate and for the head it was compared with, and whether the candidate
+    was shown safe (too little evidence is "not shown safe", never "no harm found")."""
+
+    name: str
+    safe: bool
+    candidate: float | None
+    head: float | None
+    n: int
+    max_drop: float
+    reason: str
+
+
+def guard_lines(gate: dict[str, Any]) -> tuple[GuardLine, ...]:
+    """The guards of a stored gate decision (reef.gate.Decision.as_dict), in its order."""
+    out = []
+    for g in gate.get("guards") or ():
+        if not isinstance(g, dict) or not g.get("name"):
+            continue
+        out.append(
+            GuardLine(
+                name=str(g["name"]),
+                safe=not g.get("broken", True),
+                candidate=_number(g.get("mean_candidate")),
+                head=_number(g.get("mean_head")),
+                n=int(g.get("n") or 0),
+                max_drop=float(g.get("max_drop") or 0.0),
+                reason=str(g.get("reason") or ""),
+            )
+        )
+    return tuple(out)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -64,6 +105,8 @@ class ReleaseRow:
 
     release: Release
     gate: dict[str, Any]  # gate_numbers
+    guards: tuple[GuardLine, ...]  # the gate's guards
+    figures: tuple[tuple[str, float], ...]  # (title, value): held-out figures measured on it
     score: ScoreStats | None  # what reports said of the traffic it served
     mlflow: str | None  # the model version's page
     flow_run: str | None  # the Prefect flow run's page
@@ -73,13 +116,23 @@ class ReleaseRow:
 
 
 def release_rows(
-    chain: list[Release], scores: dict[str, ScoreStats], links: Links
+    chain: list[Release],
+    scores: dict[str, ScoreStats],
+    links: Links,
+    figures: Sequence[Figure] = (),
 ) -> list[ReleaseRow]:
-    """The timeline's rows, head first, of `chain` (oldest first, as the store lists it)."""
+    """The timeline's rows, head first, of `chain` (oldest first, as the store lists it), each
+    with the value `figures` give it (a figure's latest point on the release)."""
+    measured: dict[str, dict[str, float]] = {}
+    for f in figures:
+        for p in f.points:
+            measured.setdefault(p.release_id, {})[f.title] = p.value
     return [
         ReleaseRow(
             release=r,
             gate=gate_numbers(r.gate),
+            guards=guard_lines(r.gate),
+            figures=tuple(measured.get(r.id, {}).items()),
             score=scores.get(r.id),
             mlflow=links.mlflow(r.model_uri),
             flow_run=links.flow_run(r.metadata.get("flow_run_id")),
