@@ -290,6 +290,36 @@ class Browse:
             for release_id, n, total, sq, lo, hi in rows
         }
 
+    def release_metrics(self, scenario: str) -> dict[str, dict[str, ScoreStats]]:
+        """Per release, per named metric (reef.metrics) that is a number or a boolean (true 1,
+        false 0): what reports gave the records it served, over the latest `window` quotes.
+        Categorical metrics are counted nowhere here: they have no mean."""
+        x, p = tables.report_references, tables.reports
+        query = (
+            select(x.c.release_id, p.c.metrics)
+            .join(p, p.c.id == x.c.report_id)
+            .where(x.c.scenario == scenario, p.c.scenario == scenario)
+            .order_by(x.c.record_id.desc())
+            .limit(self.window)
+        )
+        sums: dict[tuple[str, str], list[float]] = {}
+        with self.engine.connect() as conn:
+            for release_id, metrics in conn.execute(query):
+                for name, value in (metrics or {}).items():
+                    if isinstance(value, bool):
+                        value = 1.0 if value else 0.0
+                    if not isinstance(value, int | float):
+                        continue
+                    acc = sums.setdefault((release_id, name), [0, 0.0, 0.0, value, value])
+                    acc[0] += 1
+                    acc[1] += value
+                    acc[2] += value * value
+                    acc[3], acc[4] = min(acc[3], value), max(acc[4], value)
+        out: dict[str, dict[str, ScoreStats]] = {}
+        for (release_id, name), (n, total, sq, lo, hi) in sums.items():
+            out.setdefault(release_id, {})[name] = ScoreStats.of(int(n), total, sq, lo, hi)
+        return out
+
     # jobs -----------------------------------------------------------------------
     def jobs(self, scenario: str, limit: int = 50) -> list[Job]:
         """The scenario's jobs, newest first (the (scenario, created_at) index)."""

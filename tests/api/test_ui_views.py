@@ -297,6 +297,9 @@ def test_the_learning_page_leads_with_held_out_figures_and_guards(
     newest, middle, oldest = release_rows(chain, scores, LINKS, figures)
     assert (newest.figures, middle.figures) == ((("held-out pass rate", 0.875),), ())
     assert [g.candidate for g in newest.guards] == [0.5625] and oldest.guards == ()
+    # a named metric's mean per release follows the reported score
+    helpful = {base.id: {"helpful": ScoreStats.of(4, 3.0, 3.0, 0.0, 1.0)}}
+    assert [s.name for s in headline(chain, scores, [], helpful)][-1] == "mean helpful"
     # without figures it leads with the guard
     plain = overview_row(
         "lead", head=second, traffic=row.traffic, candidates=[], chain=chain, scores=scores

@@ -4,6 +4,7 @@ traffic counts by time-sortable id, a record's reports."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -83,6 +84,16 @@ def test_filters_pages_and_scores(store: SQLStore, make_record: Callable[..., Re
 
     traffic = big.traffic("ui")
     assert traffic.records == 10 and traffic.quoted == 3 and len(traffic.hourly) == 24
+
+    # named metrics per release: booleans count 1/0, categorical ones have no mean
+    for helpful, accuracy in ((True, 0.5), (False, 0.75), (True, 1.0)):
+        metrics = {"helpful": helpful, "accuracy": accuracy, "tone": "formal"}
+        store.add_report(dataclasses.replace(_report("ui", (recs[4].id,), None), metrics=metrics))
+    named = big.release_metrics("ui")[base]
+    assert sorted(named) == ["accuracy", "helpful"]
+    assert (named["helpful"].n, named["helpful"].mean) == (3, pytest.approx(2 / 3))
+    assert named["accuracy"].mean == pytest.approx(0.75) and named["accuracy"].bounds == (0, 1)
+    assert big.release_metrics("nothing-here") == {}
 
 
 def test_id_at_orders_like_new_id() -> None:

@@ -29,7 +29,8 @@ async def curves(request: Request, scenario: str) -> Response:
     found, problems = await call(figures, svc, name)
     extra = figure_series(chain, found)
     shown = [s for s in extra if s.figure]
-    lead = headline(chain, scores, extra)
+    metrics = await call(svc.browse.release_metrics, name)
+    lead = headline(chain, scores, extra, metrics)
     # the score itself is drawn with its band; figures and guards on its axis when they are
     # rates (a figure on another scale stays in the chart of other figures below)
     lines = [s for s in lead if s.key != "score" and on_unit_scale(s)]

@@ -41,6 +41,7 @@ def _row(svc: Services, name: str) -> OverviewRow:
         chain=svc.store.list_releases(name),
         scores=svc.browse.release_scores(name),
         figures=found,
+        metrics=svc.browse.release_metrics(name),
     )
 
 

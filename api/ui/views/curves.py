@@ -4,7 +4,7 @@ the same numbers as table rows."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,14 +160,38 @@ def score_series(chain: list[Release], scores: dict[str, ScoreStats]) -> Series:
     return Series("mean reported score", "score", "reports on the traffic it served", values)
 
 
+def metric_series(
+    chain: list[Release], metrics: Mapping[str, Mapping[str, ScoreStats]]
+) -> list[Series]:
+    """Each named metric's mean per release (Browse.release_metrics), by name."""
+    names = sorted({name for per in metrics.values() for name in per})
+    return [
+        Series(
+            f"mean {name}",
+            f"reported:{name}",
+            "reports' named metric",
+            tuple(
+                round(metrics[r.id][name].mean, 6) if name in metrics.get(r.id, {}) else None
+                for r in chain
+            ),
+        )
+        for name in names
+    ]
+
+
 def headline(
-    chain: list[Release], scores: dict[str, ScoreStats], figures: list[Series]
+    chain: list[Release],
+    scores: dict[str, ScoreStats],
+    figures: list[Series],
+    metrics: Mapping[str, Mapping[str, ScoreStats]] | None = None,
 ) -> list[Series]:
     """What the learning page and the overview lead with, most telling first: the figures
     measured outside Reef on held-out questions (`figure_series`' figures), each gate guard's
-    held-out mean, then the mean reported score. Only series with a value."""
+    held-out mean, the mean reported score, then each named metric's mean. Only series with a
+    value."""
     ordered = [s for s in figures if s.figure] + guard_series(chain)
     ordered.append(score_series(chain, scores))
+    ordered += metric_series(chain, metrics or {})
     return [s for s in ordered if any(v is not None for v in s.values)]
 
 

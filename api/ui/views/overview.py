@@ -3,7 +3,7 @@ learning curve as a sparkline."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from reef.api.ui.views.curves import Change, change, figure_series, headline
@@ -77,12 +77,14 @@ def overview_row(
     chain: list[Release],
     scores: dict[str, ScoreStats],
     figures: Sequence[Figure] = (),
+    metrics: Mapping[str, Mapping[str, ScoreStats]] | None = None,
 ) -> OverviewRow:
     """The row of scenario `name` from its head, traffic, candidates (newest first), release
-    chain (oldest first), the scores reported per release and its figures (reef.figures). The
+    chain (oldest first), the scores and named metrics reported per release and its figures
+    (reef.figures). The
     sparkline is the learning page's headline series: a held-out figure when there is one, else
     a gate guard's held-out mean, else the mean reported score."""
-    lead = headline(chain, scores, figure_series(chain, figures))
+    lead = headline(chain, scores, figure_series(chain, figures), metrics)
     return OverviewRow(
         name=name,
         head=head,
