@@ -288,6 +288,41 @@ def test_curves_show_demo_figures_and_release_metrics(secured: InProcessReef) ->
         assert client.get("/ui/s/figs/curves").status_code == 403
 
 
+def test_readiness_cell_shows_the_judges_agreement_and_the_metrics(tmp_path: Path) -> None:
+    """The overview's readiness cell: the judge's recent agreement with people and its interval,
+    that its verdicts do not train while judge.min_agreement is not shown, and each declared
+    metric over the scenario's reports."""
+    from tests.experience.conftest import record, report
+
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        "scenarios:\n  judged:\n    judge: {min_agreement: 0.7}\n"
+        "    metrics: {helpful: {type: boolean}, tone: {type: categorical, values: [formal, casual]}}\n"
+    )
+    with InProcessReef(tmp_path / "state", config=config) as srv:
+        store = open_store(srv.settings.database_url)
+        try:
+            base = store.ensure_scenario("judged").head_release_id
+            recs = [record("judged", base) for _ in range(10)]
+            store.add_records(recs)
+            verdict = {"source": "judge", "verdict": 1, "judge": "test"}
+            for i, rec in enumerate(recs):  # the judge says +1; people agree 9 times of 10
+                store.add_report(report("judged", rec.id, score=1.0, metadata=verdict))
+                metrics = {"helpful": i < 9, "tone": "formal" if i < 7 else "casual"}
+                person = report("judged", rec.id, score=1.0 if i < 9 else 0.0, metrics=metrics)
+                store.add_report(person)
+        finally:
+            store.close()
+        with httpx.Client(base_url=srv.url) as http:
+            cell = http.get("/ui/s/judged/readiness")
+        assert cell.status_code == 200
+        text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", cell.text))
+        assert "agrees with people 9/10, recent 9/10 [0.65, 0.98]" in text
+        assert "judge not trusted: its verdicts do not train" in text
+        assert "helpful: 90% true (n 10)" in text
+        assert "tone: formal 7 casual 3 (n 10)" in text
+
+
 UI_HEADERS = {
     "x-frame-options": "DENY",
     "content-security-policy": "default-src 'self'; script-src 'self'; object-src 'none'; "
