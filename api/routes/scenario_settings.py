@@ -63,7 +63,10 @@ class ScenarioSettingsOut(BaseModel):
     history: list[SettingsChange] = Field(description="run-time versions, newest first (20)")
 
 
-def _out(settings: Settings, scenario: str, versions: list[SettingsVersion]) -> ScenarioSettingsOut:
+def settings_out(
+    settings: Settings, scenario: str, versions: list[SettingsVersion]
+) -> ScenarioSettingsOut:
+    """What GET and PUT answer (and the dashboard's settings page shows)."""
     own = settings.for_scenario(scenario, versions[0].settings if versions else None)
     return ScenarioSettingsOut(
         scenario=scenario,
@@ -98,7 +101,7 @@ async def scenario_settings(request: Request, scenario: ScenarioPath) -> Scenari
     principal.require_admin("reading a scenario's learning settings")  # paths, endpoints
     await asyncio.to_thread(svc.store.get_scenario, name)  # 404 for an unknown scenario
     versions = await asyncio.to_thread(svc.store.scenario_settings, name)
-    return _out(svc.settings, name, versions)
+    return settings_out(svc.settings, name, versions)
 
 
 @router.put(
@@ -121,4 +124,4 @@ async def put_scenario_settings(request: Request, scenario: ScenarioPath) -> Sce
         change, svc.settings, svc.store, name, keys, principal.name, body.expected_version
     )
     versions = await asyncio.to_thread(svc.store.scenario_settings, name)
-    return _out(svc.settings, name, versions)
+    return settings_out(svc.settings, name, versions)

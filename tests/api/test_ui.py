@@ -131,6 +131,47 @@ def test_state_changes_need_the_csrf_token(secured: InProcessReef) -> None:
         assert r.status_code == 503 and "no evolve worker" in r.text
 
 
+def test_settings_page_saves_versions_as_the_admin_route_does(secured: InProcessReef) -> None:
+    """An admin reads a scenario's learning settings, saves the next version from the form
+    (who and when recorded, as PUT /reef/scenarios/{s}/settings does), and a bad edit or a
+    stale form is refused with the page again, the edit kept; a scoped token sees no settings."""
+    with _signed_in(secured, ALICE) as client:
+        assert client.get("/ui/s/alice/settings").status_code == 403
+        assert "/settings" not in client.get("/ui/s/alice/records").text  # no tab either
+    with _signed_in(secured, ADMIN) as client:
+        page = client.get("/ui/s/bob/settings")
+        assert page.status_code == 200 and "Save as version 1" in page.text
+        assert "batch_size: 32" in page.text  # the defaults, as they apply now
+        form = {"csrf": _csrf(page.text), "expected_version": "0"}
+        for keys, why in (
+            ("reef: [1, 2", "not YAML"),
+            ("reef:\n  batch_size: 0\n", "batch_size"),
+            ("colour: blue\n", "colour"),
+        ):
+            r = client.post("/ui/s/bob/settings", data={**form, "keys": keys})
+            assert r.status_code == 400 and "Not saved" in r.text and why in r.text, keys
+            assert keys.split("\n")[0] in r.text  # the edit is kept
+        r = client.post("/ui/s/bob/settings", data={**form, "keys": "reef:\n  batch_size: 3\n"})
+        assert r.status_code == 303 and r.headers["location"].endswith("msg=settings_saved")
+        page = client.get("/ui/s/bob/settings?msg=settings_saved")
+        assert "settings saved" in page.text and "Save as version 2" in page.text
+        assert "batch_size: 3" in page.text and "<td>ops</td>" in page.text
+        # the same version through the admin route
+        api = httpx.get(
+            f"{secured.url}/reef/scenarios/bob/settings",
+            headers={"authorization": f"Bearer {ADMIN}"},
+        ).json()
+        assert (api["version"], api["history"][0]["changed_by"]) == (1, "ops")
+        assert api["effective"]["reef"]["batch_size"] == 3
+        # a form read before that change is refused: 409, nothing overwritten
+        r = client.post("/ui/s/bob/settings", data={**form, "keys": "reef: {batch_size: 5}"})
+        assert r.status_code == 409 and "Not saved" in r.text
+        assert client.post("/ui/s/bob/settings", data={"keys": ""}).status_code == 403  # no CSRF
+        # back to the configuration's settings, for the other tests of this server
+        latest = {"csrf": form["csrf"], "expected_version": "1", "keys": ""}
+        assert client.post("/ui/s/bob/settings", data=latest).status_code == 303
+
+
 def test_records_filters_and_session(secured: InProcessReef) -> None:
     with _signed_in(secured, ADMIN) as client:
         page = client.get("/ui/s/bob/records", params={"q": "HI BOB", "feedback": "yes"}).text

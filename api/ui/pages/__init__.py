@@ -8,6 +8,7 @@
   curves      learning curves and other figures per release
   jobs        instruction jobs, evolve runs, evolving now
   quotas      each token's limits and their use
+  settings    a scenario's learning settings, their versions, and saving the next (admins)
 
 Pages are rendered on the server (Jinja2, templates/) from the rows api.ui.views builds; a
 little vanilla JS refreshes the live parts and draws the charts (uPlot). Every page checks its
@@ -21,8 +22,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from reef.api.ui.pages import candidates, curves, jobs, overview, quotas, records, releases, signin
+from reef.api.ui.pages import (
+    candidates,
+    curves,
+    jobs,
+    overview,
+    quotas,
+    records,
+    releases,
+    settings,
+    signin,
+)
 
 router = APIRouter()
-for noun in (signin, overview, records, releases, candidates, curves, jobs, quotas):
+for noun in (signin, overview, records, releases, candidates, curves, jobs, quotas, settings):
     router.include_router(noun.router)

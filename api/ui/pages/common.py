@@ -72,6 +72,7 @@ MESSAGES = {
     "not_pending": ("{id} was not pending: left as it was", "the candidate was not pending"),
     "rolled_back": ("rolled back: {id} is the head", "rolled back"),
     "evolve_requested": ("evolve requested", "evolve requested"),
+    "settings_saved": ("settings saved", "settings saved: they apply from the next decision"),
 }
 _MESSAGE_ID = re.compile(r"[a-z]{2,8}_[0-9a-z]{26}")
 
