@@ -40,7 +40,16 @@ from typing import Any
 from reef import logs
 from reef.background import BackgroundTask
 from reef.errors import ReefError
-from reef.flows.worker import in_flight, prefect_server, preload, ready, run_job, run_once, warmup
+from reef.flows.worker import (
+    in_flight,
+    prefect_server,
+    preload,
+    ready,
+    run_job,
+    run_once,
+    trim_memory,
+    warmup,
+)
 from reef.settings import Settings, load_settings
 from reef.triggers import Trigger, parse
 
@@ -168,6 +177,7 @@ class Worker:
             log.error("%s: job %s failed: %s", scenario, job_id, e.message)
         except Exception:
             log.exception("%s: job %s failed", scenario, job_id)
+        _give_back_memory(scenario)
 
     def _evolve(self, scenario: str, scanned: bool = False) -> None:
         """An evolve run of `scenario` if its batch is ready. `scanned` (the schedule): if it
@@ -175,6 +185,7 @@ class Worker:
         alias of a publish whose MLflow was away), which no run would do until a new batch;
         here, in the scenario's own thread, never beside a run of it."""
         logs.SCENARIO.set(scenario)  # this run's thread: its lines name the scenario
+        ran = False
         try:
             # (never ready where the scenario's recipe cannot evolve on this engine: a weights
             # recipe behind an upstream engine has nothing to train; users' jobs still run)
@@ -186,6 +197,7 @@ class Worker:
                     recover(self.settings, scenario)
                 return
             log.info("%s: %d eligible samples: evolving", scenario, eligible)
+            ran = True
             result = run_once(self.settings, scenario, self.config, self.overrides)
             if result.get("status") in ("submitted", "in_flight"):  # ours, or another replica's
                 self.submitted[scenario] = str(result["flow_run_id"])
@@ -195,6 +207,8 @@ class Worker:
             log.error("%s: evolve failed: %s", scenario, e.message)
         except Exception:
             log.exception("%s: evolve failed", scenario)
+        if ran:
+            _give_back_memory(scenario)
 
 
 def judging(settings: Settings, notify: Callable[[Trigger], None]) -> BackgroundTask | None:
@@ -247,6 +261,20 @@ def retention(settings: Settings) -> BackgroundTask | None:
     return BackgroundTask(
         "worker-retention", step, every_s=RETENTION_EVERY_S, now=True, last=store.close
     )
+
+
+def _give_back_memory(scenario: str) -> None:
+    """After a run: what its thread's allocations freed back to the system (trim_memory), and
+    the worker's RSS before and after, logged."""
+    rss = trim_memory()
+    if rss is not None and rss[0]:
+        mib = 1 << 20
+        log.info(
+            "%s: worker RSS %d -> %d MiB (freed heap returned)",
+            scenario,
+            rss[0] // mib,
+            rss[1] // mib,
+        )
 
 
 class Runs:

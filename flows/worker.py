@@ -127,6 +127,39 @@ def preload() -> None:
     gc.freeze()
 
 
+def trim_memory() -> tuple[int, int] | None:
+    """Hand the heap that ended runs freed back to the system: (RSS before, RSS after) in
+    bytes, or None where it cannot be done (not Linux with glibc).
+
+    Why: each run trains in a thread of its own, and glibc gives each thread's allocations an
+    arena of their own that keeps what was freed in it: read from /proc/<pid>/smaps of a soak's
+    worker idle between rounds, 1.9 GiB of its 3.4 GiB RSS sat in 45 such arenas. `malloc_trim`
+    releases the free pages of every arena (madvise), without moving anything in use."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    before = _rss()
+    trim(0)
+    return before, _rss()
+
+
+def _rss() -> int:
+    """This process's resident set size in bytes (0 where /proc does not tell)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def warmup() -> None:
     """Start Prefect's temporary server now (~14 s) with a flow that does nothing, rather
     than at the first evolve run; one that dies with this process (`tie_temporary_server`)."""
