@@ -46,7 +46,7 @@ class LoopSettings(Section):
     recipe: str = Field(
         "sft",
         description="how experience becomes a release: sft | kto | dpo | sao | grpo | openclaw "
-        "| harness | tttd, or pkg.module:Class",
+        "| harness | tttd | composite, or pkg.module:Class",
     )
     batch_size: int = Field(
         32, ge=1, description="eligible samples of a scenario that start an evolve run"
