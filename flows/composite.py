@@ -152,6 +152,8 @@ def candidate(
         if done.harness is None and done.weights is None:
             raise NothingToTrain("; ".join(f"{n}: {o.reason}" for n, o in done.outcomes.items()))
         registered = register(settings, head, done)
+    verdict = registered.decision
+    mlflow.set_tags({"reef.gate": verdict.status, "reef.gate_reason": verdict.reason[:5000]})
     return dataclasses.replace(registered, steps=done.summary())
 
 

@@ -252,7 +252,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
         max_staleness=loop.max_staleness,
         artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
         rule=recipe.report_rule,
-        tags=loop.select.tags,
+        select=loop.select.slice(),
         metric=loop.metric,
         judgments=refused is None,
     )
@@ -294,7 +294,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
             max_n=settings.gate.pool_max,
             max_age_s=settings.gate.pool_max_age_s,
             rule=recipe.report_rule,
-            tags=loop.select.tags,
+            select=loop.select.slice(),
             metric=loop.metric,
             judgments=refused is None,
         )
