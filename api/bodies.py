@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from reef.api.errors import from_validation
 from reef.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from reef.records import USER_TAG
 from reef.wire import ID_PATTERN, RESERVED_TAG_PREFIX
 
 M = TypeVar("M", bound=BaseModel)
@@ -145,4 +146,6 @@ def call_headers(request: Request) -> CallHeaders:
                     code="invalid_user_id",
                     param="x-reef-user-id",
                 )
+    if user_id:  # who the call served: a slice of the experience (reef.select.users)
+        tags[USER_TAG] = user_id
     return CallHeaders(tags, session_id, idempotency_key, user_id)

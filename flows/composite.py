@@ -202,11 +202,15 @@ def register(settings: Settings, head: Release, done: Steps) -> Registered:
 
 
 def _provenance(own: Provenance, done: Steps, other: str, judged: Any) -> Provenance:
-    """The registered part's provenance, with the other step's metrics (`<step>.` prefixed),
-    the steps' summary in its metadata and the `reef.composite.*` tags."""
+    """The registered part's provenance, made by the composite recipe: with the other step's
+    metrics (`<step>.` prefixed), the steps' summary in its metadata and the
+    `reef.composite.*` tags."""
     metrics = dict(own.metrics)
     if judged is not None:
         metrics |= {f"{other}.{k}": v for k, v in judged.provenance.metrics.items()}
     return dataclasses.replace(
-        own.with_metadata({"composite": done.summary()}), metrics=metrics, tags=done.tags()
+        own.with_metadata({"composite": done.summary()}),
+        recipe=CompositeRecipe.name,
+        metrics=metrics,
+        tags=done.tags(),
     )

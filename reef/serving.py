@@ -24,7 +24,7 @@ from reef.engines.defaults import sampling_tags
 from reef.errors import IdempotencyKeyReused, SessionTurnTaken, UnknownModel
 from reef.harness import Harness, HarnessCache
 from reef.limits import Limits
-from reef.records import INCOMPLETE_TAG, USER_TAG, Record, Scenario, new_id, utcnow
+from reef.records import INCOMPLETE_TAG, Record, Scenario, new_id, utcnow
 from reef.rollouts import Arm, Rollouts, served_release
 from reef.sessions import candidate_hashes, record_state_hash
 from reef.shadow import Shadows
@@ -260,8 +260,6 @@ class Serving:
         key names a different request body.
         """
         record_id = logs.for_call(scenario.name, new_id("rec"))  # what it logs names them
-        if user_id:  # who it served: a slice of the experience (reef.select.users)
-            tags = {**tags, USER_TAG: user_id}
         base_body = engine_body
         arm = None
         if self.rollouts is not None:

@@ -85,6 +85,12 @@ def _tags(srv: InProcessReef, model_uri: str) -> dict[str, str]:
     return registry.get_tags(f"sqlite:///{(srv.state_dir / 'mlflow.db').resolve()}", model_uri)
 
 
+def _run(srv: InProcessReef, run_id: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{(srv.state_dir / 'mlflow.db').resolve()}").get_run(run_id)
+
+
 def _evolve(srv: InProcessReef, scenario: str, *gates: Any) -> tuple[dict, dict[str, Any]]:
     """The scenario's base release, and the result of evolving it on failing traffic."""
     from reef.flows.evolve import evolve
@@ -115,6 +121,7 @@ def test_both_steps_pass_one_release_carries_both(
     # the weights were trained and judged under the harness they serve with
     assert steps["weights_trained_under"] in (harness["content_hash"], None)
     assert head["metadata"]["composite"]["released"] == ["harness", "weights"]
+    assert head["recipe"] == "composite"
 
     got = httpx.get(f"{server.url}/reef/harness", params={"scenario": "both"}).json()
     assert got["release_id"] == head["release_id"]
@@ -131,6 +138,14 @@ def test_both_steps_pass_one_release_carries_both(
     assert tags["reef.composite.parts"] == "harness,weights"
     assert tags["reef.composite.harness.gate"] == tags["reef.composite.weights.gate"] == "accepted"
     assert tags["reef.composite.harness.content_hash"] == harness["content_hash"]
+
+    run = _run(server, result["run_id"])  # the MLflow run names each part and its gate
+    assert run.data.params["params.order"] == "harness,weights"
+    assert run.data.params["params.weights.recipe"] == "sft"
+    assert run.data.params["params.harness.recipe"] == "harness"
+    assert run.data.tags["reef.harness.gate"] == run.data.tags["reef.weights.gate"] == "accepted"
+    assert run.data.tags["reef.gate"] == "accepted"
+    assert "harness.gate_n" in run.data.metrics and "weights.gate_n" in run.data.metrics
 
     page = httpx.get(f"{server.url}/ui/s/both/releases").text
     assert "harness: accepted" in page and "weights: accepted" in page
@@ -170,6 +185,7 @@ def test_a_step_that_fails_its_gate_leaves_the_other_alone(
         assert head["operation"] == "training" and head["kind"] == "adapter"
         assert "harness" not in head["metadata"]
         assert steps["weights_trained_under"] is None  # the rejected harness was not used
+    assert _run(server, result["run_id"]).data.tags[f"reef.{failed}.gate"] == "rejected"
     tags = _tags(server, head["model_uri"])
     assert tags["reef.composite.parts"] == published
     assert tags[f"reef.composite.{failed}.gate"] == "rejected"

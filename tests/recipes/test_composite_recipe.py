@@ -111,6 +111,26 @@ def test_the_candidates_verdict_combines_the_steps(
     assert done.summary()["released"] == released
 
 
+def test_a_pending_candidate_that_brings_a_harness_waits_for_a_promote() -> None:
+    """A composite candidate whose weights carry a new harness is released as a harness is:
+    never on a tag or a resume, only by an admin's promote through Reef."""
+    from reef.flows.release import brings_harness
+    from reef.records import Candidate, utcnow
+
+    def candidate(operation: str, metadata: dict[str, Any]) -> Candidate:
+        now = utcnow()
+        return Candidate(
+            id="rel_1", scenario="s", parent_id="rel_0", kind="adapter", created_at=now,
+            status="pending", uri=None, content_hash=None, recipe="composite", dataset_id=None,
+            metrics={}, gate={}, model_uri=None, updated_at=now, operation=operation,
+            metadata=metadata,
+        )  # fmt: skip
+
+    assert brings_harness(candidate("harness", {}))
+    assert brings_harness(candidate("training", {"harness": {"key": "harness/s/x"}}))
+    assert not brings_harness(candidate("training", {"composite": {}}))
+
+
 def test_the_release_page_reads_each_part() -> None:
     assert parts({}) == ()
     meta = {
