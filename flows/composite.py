@@ -133,18 +133,32 @@ def candidate(
                 if step.name == "harness":
                     assert isinstance(step.recipe, HarnessRecipe)
                     done.harness = harness.judge(
-                        own, step.recipe, head, train_rows, held_out,
-                        snapshot.content_hash, run_id, "harness",
-                    )  # fmt: skip
+                        own,
+                        step.recipe,
+                        head,
+                        train_rows,
+                        held_out,
+                        snapshot.content_hash,
+                        run_id,
+                        "harness",
+                    )
                     done.outcomes["harness"] = Outcome.of(done.harness.decision)
                     continue
                 assert isinstance(step.recipe, WeightsRecipe)
                 under = serves_with(settings, head, done)
                 done.weights_under = under.content_hash() if under.system_text() else None
                 done.weights = weights.judge(
-                    own, step.recipe, model, head, snapshot, rendered(train_rows, under),
-                    rendered(held_out, under), run_id, Path(tmp), "weights",
-                )  # fmt: skip
+                    own,
+                    step.recipe,
+                    model,
+                    head,
+                    snapshot,
+                    rendered(train_rows, under),
+                    rendered(held_out, under),
+                    run_id,
+                    Path(tmp),
+                    "weights",
+                )
                 done.outcomes["weights"] = Outcome.of(done.weights.decision)
             except NothingToTrain as e:
                 done.outcomes[step.name] = Outcome("nothing_to_train", e.message)
