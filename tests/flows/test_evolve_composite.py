@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from reef.cli.testing import InProcessReef
+from reef.harness import Harness
 from reef.testing.traffic import traffic
 
 WANTED = "Paris is the capital of France."
@@ -118,14 +119,16 @@ def test_both_steps_pass_one_release_carries_both(
     assert head["kind"] == "adapter"  # new weights...
     harness = head["metadata"]["harness"]  # ...serving the new harness
     assert "weights_release_id" not in head["metadata"]  # its own weights, not the parent's
-    # the weights were trained and judged under the harness they serve with
-    assert steps["weights_trained_under"] in (harness["content_hash"], None)
     assert head["metadata"]["composite"]["released"] == ["harness", "weights"]
     assert head["recipe"] == "composite"
 
     got = httpx.get(f"{server.url}/reef/harness", params={"scenario": "both"}).json()
     assert got["release_id"] == head["release_id"]
     assert got["content_hash"] == harness["content_hash"]
+    # the weights were trained and judged under the harness they serve with: its system text
+    # (the searched rules) in every prompt
+    assert Harness({f["path"]: f["content"] for f in got["files"]}).system_text()
+    assert steps["weights_trained_under"] == harness["content_hash"]
     client = openai.OpenAI(
         base_url=server.base_url, api_key="none", default_headers={"x-reef-scenario": "both"}
     )
