@@ -67,7 +67,7 @@ async def start_call(
         idempotency_key=asked.idempotency_key,
         native=native,
         # the end user, which keeps one rollout arm with rollout.sticky "user"
-        user_id=request.headers.get("x-reef-user-id"),
+        user_id=asked.user_id,
     )
     if call.replay is None:
         svc.quotas.hold(call.record_id, counters)

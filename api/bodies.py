@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from reef.api.errors import from_validation
 from reef.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from reef.records import USER_TAG
 from reef.wire import ID_PATTERN, RESERVED_TAG_PREFIX
 
 M = TypeVar("M", bound=BaseModel)
@@ -84,6 +85,7 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
 _TAG_PREFIX = b"x-reef-tag-"
 _RESERVED_TAG = (_TAG_PREFIX + RESERVED_TAG_PREFIX.encode()).lower()
 _SESSION = b"x-reef-session-id"
+_USER = b"x-reef-user-id"
 _IDEMPOTENCY = b"idempotency-key"
 _SESSION_ID = re.compile(ID_PATTERN)
 # Printable ASCII, as Stripe and the IETF draft use it.
@@ -97,17 +99,19 @@ class CallHeaders:
     tags: dict[str, str]
     session_id: str | None = None
     idempotency_key: str | None = None
+    user_id: str | None = None  # the end user (recorded as the tag reef.user)
 
 
 def call_headers(request: Request) -> CallHeaders:
-    """`x-reef-tag-<name>: <value>` headers as the record's tags, `x-reef-session-id` and
-    `Idempotency-Key`, checked.
+    """`x-reef-tag-<name>: <value>` headers as the record's tags, `x-reef-session-id`,
+    `x-reef-user-id` and `Idempotency-Key`, checked.
 
     Scans the raw ASGI header list (names arrive lower-cased) rather than building Starlette's
     Headers view: this runs on every inference call."""
     tags: dict[str, str] = {}
     session_id: str | None = None
     idempotency_key: str | None = None
+    user_id: str | None = None
     for key, value in request.scope["headers"]:
         if key.startswith(_TAG_PREFIX) and len(key) > len(_TAG_PREFIX):
             if key.startswith(_RESERVED_TAG):
@@ -134,4 +138,14 @@ def call_headers(request: Request) -> CallHeaders:
                     "invalid Idempotency-Key: use 1-255 printable ASCII characters",
                     code="invalid_idempotency_key",
                 )
-    return CallHeaders(tags, session_id, idempotency_key)
+        elif key == _USER:
+            user_id = value.decode("latin-1")
+            if not 0 < len(user_id) <= 512:
+                raise BadRequest(
+                    "invalid x-reef-user-id: use 1-512 characters",
+                    code="invalid_user_id",
+                    param="x-reef-user-id",
+                )
+    if user_id:  # who the call served: a slice of the experience (reef.select.users)
+        tags[USER_TAG] = user_id
+    return CallHeaders(tags, session_id, idempotency_key, user_id)

@@ -80,8 +80,9 @@ PARAMETERS: dict[str, dict[str, Any]] = {
         "name": "x-reef-user-id",
         "in": "header",
         "required": False,
-        "description": "The end user: with `rollout.sticky: user` each user stays on one arm "
-        "of a rollout.",
+        "description": "The end user (1-512 characters): recorded as the tag `reef.user`, so "
+        "`reef.select.users` can train on one user's turns; with `rollout.sticky: user` each "
+        "user stays on one arm of a rollout.",
         "schema": {"type": "string"},
     },
 }

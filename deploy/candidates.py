@@ -144,6 +144,7 @@ def harness_version(
             extra={
                 "weights_release_id": release.weights_id,
                 "weights_model_uri": release.metadata.get("weights_model_uri"),
+                **provenance.tags,
             },
             **_mlflow(settings),
         )
@@ -211,6 +212,7 @@ def weights_candidate(
         parent_id=head.id,
         content_hash=digest,
         gate=decision.status,
+        extra=dict(provenance.tags),
         **_mlflow(settings),
     )
     now = utcnow()

@@ -30,7 +30,7 @@ from reef.artifacts import artifacts_for
 from reef.datasets import Snapshot, load
 from reef.errors import NothingToTrain, ReefError
 from reef.experience import Experience, reports_of
-from reef.flows import harness, weights
+from reef.flows import composite, harness, weights
 from reef.flows.experience import (
     batch_receipts,
     consume,
@@ -42,6 +42,7 @@ from reef.flows.release import Registered, prefect_run, recover, release
 from reef.judge import judge_quality
 from reef.readiness import EMPTY_POOL, judge_refusal
 from reef.recipe import Recipe, WeightsRecipe, load_recipe
+from reef.recipes.composite.recipe import CompositeRecipe
 from reef.recipes.harness.recipe import HarnessRecipe
 from reef.records import Release, new_id
 from reef.settings import Settings, load_settings
@@ -57,7 +58,7 @@ class Prepared:
     settings: Settings
     recipe: Recipe
     head: Release
-    model: Path | None  # None: a harness recipe keeps the weights
+    model: Path | None  # None: a harness recipe keeps the weights (weights, composite: set)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def prepare(scenario: str, settings: Settings) -> Prepared:
         gate = settings.gate.model_copy(update={"policy": recipe.default_gate})
         settings = settings.model_copy(update={"gate": gate})
     # A harness recipe keeps the weights: it needs no weights of its own (any engine serves).
-    model = weights.base_model(settings) if recipe.target == "weights" else None
+    model = weights.base_model(settings) if recipe.target != "harness" else None
     store = open_store(settings.database_url)
     try:
         store.ensure_scenario(scenario)
@@ -251,7 +252,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
         max_staleness=loop.max_staleness,
         artifacts_endpoint_url=settings.artifacts.s3_endpoint_url,
         rule=recipe.report_rule,
-        tags=loop.select.tags,
+        select=loop.select.slice(),
         metric=loop.metric,
         judgments=refused is None,
     )
@@ -293,7 +294,7 @@ def take_batch(run: Prepared, force: bool) -> Batch | NotReady:
             max_n=settings.gate.pool_max,
             max_age_s=settings.gate.pool_max_age_s,
             rule=recipe.report_rule,
-            tags=loop.select.tags,
+            select=loop.select.slice(),
             metric=loop.metric,
             judgments=refused is None,
         )
@@ -344,8 +345,8 @@ def tracked(run: Prepared, batch: Batch) -> Iterator[str]:
 
 
 def make_candidate(run: Prepared, batch: Batch, run_id: str) -> Registered:
-    """The recipe's candidate, judged by the gate and registered: trained weights, or a
-    searched harness (by the recipe's target). Raises NothingToTrain."""
+    """The recipe's candidate, judged by the gate and registered: trained weights, a searched
+    harness, or both (by the recipe's target). Raises NothingToTrain."""
     if run.recipe.target == "harness":
         return harness.candidate(
             run.settings,
@@ -357,6 +358,17 @@ def make_candidate(run: Prepared, batch: Batch, run_id: str) -> Registered:
             run_id,
         )
     assert run.model is not None  # prepare found it for every weights recipe
+    if run.recipe.target == "composite":  # a harness step and a weights step, one candidate
+        return composite.candidate(
+            run.settings,
+            cast(CompositeRecipe, run.recipe),
+            run.model,
+            run.head,
+            batch.snapshot,
+            batch.train_rows,
+            batch.held_out,
+            run_id,
+        )
     return weights.candidate(
         run.settings,
         cast(WeightsRecipe, run.recipe),
@@ -388,4 +400,6 @@ def release_candidate(
         "dataset": batch.snapshot.manifest(),
         "run_id": run_id,
     }
+    if registered.steps is not None:  # composite: which step passed its gate, and why
+        result["steps"] = registered.steps
     return {**result, **release(run.settings, registered, receipts)}

@@ -13,7 +13,7 @@ from reef.contracts import ContractViolation, ValidationReport, validate
 from reef.datasets import Snapshot, load, materialize
 from reef.experience import Experience, Rule, collect
 from reef.recipe import RECIPES, recipe_class
-from reef.records import Consumption
+from reef.records import Consumption, Slice
 from reef.store.sql import open_store
 
 
@@ -33,13 +33,13 @@ def materialize_snapshot(
     max_staleness: int | None = None,
     artifacts_endpoint_url: str | None = None,
     rule: Rule = "latest",
-    tags: dict[str, str] | None = None,
+    select: Slice | None = None,
     metric: str = "score",
     judgments: bool = True,
 ) -> tuple[Snapshot, Experience]:
     """collect -> materialize; returns the snapshot and the experience it came from. `rule`
-    picks the report that counts among several on the same receipts (the recipe's); `tags`
-    is the slice the recipe learns from (`reef.select.tags`); `metric` what its scores are
+    picks the report that counts among several on the same receipts (the recipe's); `select`
+    is the slice the recipe learns from (`reef.select`); `metric` what its scores are
     (`reef.metric`)."""
     store = open_store(database_url)
     try:
@@ -50,7 +50,7 @@ def materialize_snapshot(
             recipe=recipe,
             max_staleness=max_staleness,
             rule=rule,
-            tags=tags,
+            select=select,
             metric=metric,
             judgments=judgments,
         )
@@ -124,12 +124,12 @@ def evaluation_samples(
     max_n: int,
     max_age_s: float,
     rule: Rule = "latest",
-    tags: dict[str, str] | None = None,
+    select: Slice | None = None,
     metric: str = "score",
     judgments: bool = True,
 ) -> list[dict[str, Any]]:
     """The scenario's evaluation pool as dataset rows (reef.evaluation_pool): its evaluation
-    samples of any staleness (of the slice `tags`, scored by `metric`), the newest `max_n`
+    samples of any staleness (of the slice `select`, scored by `metric`), the newest `max_n`
     no older than `max_age_s`."""
     from reef.evaluation_pool import pool
 
@@ -142,7 +142,7 @@ def evaluation_samples(
             recipe=recipe,
             max_staleness=None,
             rule=rule,
-            tags=tags,
+            select=select,
             metric=metric,
             judgments=judgments,
         )

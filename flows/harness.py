@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from reef.artifacts import artifacts_for
 from reef.deploy.engine import DeployError, EngineAdmin
 from reef.errors import EngineUnavailable, NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, held_for_review, log_gate, register_harness
+from reef.gate import Decision
 from reef.harness import Harness, HarnessCache, changed_executable, diff
 from reef.provenance import Provenance
 from reef.recipes.harness.episodes import (
@@ -219,6 +221,17 @@ def guard_scores(
     return out
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A searched harness the gate has judged, not yet registered, and the head's harness it
+    was searched from."""
+
+    harness: Harness
+    head: Harness
+    decision: Decision
+    provenance: Provenance
+
+
 def candidate(
     settings: Settings,
     recipe: HarnessRecipe,
@@ -231,6 +244,23 @@ def candidate(
     """Search, evaluate, gate and register one harness candidate (the evolve flow's harness
     path, inside its MLflow run). Raises NothingToTrain when there is nothing to learn from
     or the proposer changed nothing."""
+    got = judge(settings, recipe, head, train_rows, held_out, dataset_id, run_id)
+    return register_harness(settings, head, got.harness, got.decision, got.provenance)
+
+
+def judge(
+    settings: Settings,
+    recipe: HarnessRecipe,
+    head: Release,
+    train_rows: list[dict[str, Any]],
+    held_out: list[dict[str, Any]],
+    dataset_id: str,
+    run_id: str,
+    step: str = "",
+) -> Judged:
+    """Search a harness from the batch's low-scored answers, evaluate it against the head's
+    on the head's weights and let the gate decide (logged to the flow's MLflow run; `step`:
+    the composite step it is). Raises NothingToTrain."""
     import mlflow
 
     p: HarnessParams = recipe.params
@@ -239,6 +269,7 @@ def candidate(
     tasks = recipe.scorable(tasks_from_rows(low))
     if not tasks:
         raise NothingToTrain("no low-scored answer the scorer can score")
+    slash = f"{step}/" if step else ""
     admin = EngineAdmin.for_settings(settings)
     try:
         generate = generator(admin, head.scenario, head.id, p)
@@ -257,8 +288,8 @@ def candidate(
             raise NothingToTrain("the proposer changed nothing")
         new = served(found.harness, current)
         mlflow.set_tag("reef.harness_source", found.source)
-        mlflow.log_dict(diff(current, new), "harness_diff.json")
-        mlflow.log_dict(dict(new.files), "harness_files.json")
+        mlflow.log_dict(diff(current, new), f"{slash}harness_diff.json")
+        mlflow.log_dict(dict(new.files), f"{slash}harness_files.json")
         gate_tasks, scorer = eval_tasks(settings, recipe, held_out)
         result = evaluate(settings, generate, gate_tasks, scorer, new, current, head, p)
         on_guards = guard_scores(settings, generate, new, current, head, p)
@@ -269,6 +300,6 @@ def candidate(
     if changed:
         decision = held_for_review(decision, f"changes executable content ({', '.join(changed)})")
     metrics = {**found.metrics, **result.metrics(), **decision.metrics()}
-    log_gate(decision, result.__dict__, metrics)
+    log_gate(decision, result.__dict__, metrics, step)
     made = Provenance(recipe=recipe.name, dataset_id=dataset_id, metrics=metrics, run_id=run_id)
-    return register_harness(settings, head, new, decision, made)
+    return Judged(new, current, decision, made)

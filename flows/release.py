@@ -67,16 +67,25 @@ def held_for_review(decision: Decision, reason: str) -> Decision:
     return replace(decision, status="pending", reason=f"{reason}; the gate says: {decision.reason}")
 
 
-def log_gate(decision: Decision, evaluation: dict[str, Any], metrics: dict[str, float]) -> None:
-    """The gate's verdict in the flow's MLflow run (metrics, tags, gate.json) and its log."""
+def log_gate(
+    decision: Decision, evaluation: dict[str, Any], metrics: dict[str, float], step: str = ""
+) -> None:
+    """The gate's verdict in the flow's MLflow run (metrics, tags, gate.json) and its log.
+    `step`: the composite recipe's step it judged, which prefixes its metrics (`weights.`),
+    tags (`reef.weights.gate`) and file (`weights/gate.json`)."""
     import mlflow
 
-    mlflow.log_metrics(metrics)
-    mlflow.set_tags({"reef.gate": decision.status, "reef.gate_reason": decision.reason[:5000]})
+    dot, slash = (f"{step}.", f"{step}/") if step else ("", "")
+    mlflow.log_metrics({f"{dot}{k}": v for k, v in metrics.items()})
+    mlflow.set_tags(
+        {f"reef.{dot}gate": decision.status, f"reef.{dot}gate_reason": decision.reason[:5000]}
+    )
     if decision.broken_guard:
-        mlflow.set_tag("reef.broken_guard", decision.broken_guard)
-    mlflow.log_dict({"decision": decision.as_dict(), "evaluation": evaluation}, "gate.json")
-    get_run_logger().info("gate: %s — %s", decision.status, decision.reason)
+        mlflow.set_tag(f"reef.{dot}broken_guard", decision.broken_guard)
+    mlflow.log_dict({"decision": decision.as_dict(), "evaluation": evaluation}, f"{slash}gate.json")
+    get_run_logger().info(
+        "%sgate: %s — %s", f"{step} " if step else "", decision.status, decision.reason
+    )
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,8 @@ class Registered:
 
     candidate: Candidate
     decision: Decision
+    # the composite recipe's steps: their order, which passed, each one's verdict and reason
+    steps: dict[str, Any] | None = None
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -185,7 +196,7 @@ def release(
             chain.mark(candidate, "rejected")
         return {"status": candidate.status}
     approval = None
-    if decision.status == "pending" and candidate.operation == "harness":
+    if decision.status == "pending" and brings_harness(candidate):
         # Only an admin's promote through Reef releases a harness: not a tag, not a resume.
         consumed()
         logger.info("candidate %s waits for review: promote it through Reef", candidate.id)
@@ -208,6 +219,12 @@ def release(
     recover(settings, candidate.scenario)
     mlflow.set_tag("reef.release_id", published.id)
     return {"status": "published", "release_id": published.id, "seq": published.seq}
+
+
+def brings_harness(candidate: Candidate) -> bool:
+    """Whether publishing `candidate` changes the harness: a harness candidate, or a composite
+    one whose weights carry a new harness."""
+    return candidate.operation == "harness" or isinstance(candidate.metadata.get("harness"), dict)
 
 
 @task(retries=0, cache_policy=NO_CACHE)

@@ -23,6 +23,7 @@ from reef import faults
 from reef.deploy.chain import ReleaseChain
 from reef.errors import NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, log_gate, register_weights
+from reef.gate import Decision
 from reef.provenance import Provenance
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
 from reef.recipes.scorers import scorer_named
@@ -156,6 +157,16 @@ def evaluate(
     )
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A trained candidate the gate has judged, not yet registered: its files (in the caller's
+    temporary directory), the verdict, and what made it."""
+
+    trained: Trained
+    decision: Decision
+    provenance: Provenance
+
+
 def candidate(
     settings: Settings,
     recipe: WeightsRecipe,
@@ -168,45 +179,69 @@ def candidate(
 ) -> Registered:
     """Train, evaluate, gate and register one weights candidate (inside the flow's MLflow
     run). Raises NothingToTrain when the batch has nothing to teach the recipe."""
+    with tempfile.TemporaryDirectory(prefix="reef-candidate-") as tmp:
+        got = judge(
+            settings, recipe, model, head, snapshot, train_rows, held_out, run_id, Path(tmp)
+        )
+        trained = got.trained
+        return register_weights(
+            settings, head, trained.path, trained.kind, got.decision, got.provenance
+        )
+
+
+def judge(
+    settings: Settings,
+    recipe: WeightsRecipe,
+    model: Path,
+    head: Release,
+    snapshot: Any,
+    train_rows: list[dict[str, Any]],
+    held_out: list[dict[str, Any]],
+    run_id: str,
+    tmp: Path,
+    step: str = "",
+) -> Judged:
+    """Train a candidate into `tmp`, evaluate it against the head and let the gate decide
+    (logged to the flow's MLflow run; `step`: the composite step it is). Raises
+    NothingToTrain."""
     import mlflow
     import pyarrow as pa
 
     parent = head_files(settings, head)
-    with tempfile.TemporaryDirectory(prefix="reef-candidate-") as tmp:
-        job = TrainJob(
-            scenario=head.scenario,
-            base_model=model,
-            dataset=pa.Table.from_pylist(train_rows, schema=snapshot.schema),
-            out_dir=Path(tmp) / "candidate",
-            parent_kind=head.kind if head.kind in ("adapter", "checkpoint") else "base",  # type: ignore[arg-type]
-            parent_path=parent,
-            seed=settings.reef.seed,
-        )
-        try:
-            trained = train(recipe, job, settings.reef)
-        except ReefError as e:
-            if e.code != "nothing_to_train" or isinstance(e, NothingToTrain):
-                raise
-            # a rank's verdict that crossed a process as a plain ReefError
-            raise NothingToTrain(e.message) from None
-        faults.reached("trained", head.scenario)
-        mlflow.log_metrics(trained.metrics)
-        evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
-        decision = gate(evaluation.candidate, evaluation.head, settings, evaluation.guards)
-        metrics = {
-            **trained.metrics,
-            "eval_samples": float(len(evaluation.sample_ids)),
-            "eval_seconds": evaluation.seconds,
-            **decision.metrics(),
-        }
-        log_gate(decision, evaluation.__dict__, metrics)
-        faults.reached("evaluated", head.scenario)
-        made = Provenance(
-            recipe=recipe.name,
-            dataset_id=snapshot.content_hash,
-            metrics=metrics,
-            run_id=run_id,
-            base_model=str(model),
-            metadata=trained.metadata or {},
-        )
-        return register_weights(settings, head, trained.path, trained.kind, decision, made)
+    job = TrainJob(
+        scenario=head.scenario,
+        base_model=model,
+        dataset=pa.Table.from_pylist(train_rows, schema=snapshot.schema),
+        out_dir=tmp / "candidate",
+        parent_kind=head.kind if head.kind in ("adapter", "checkpoint") else "base",  # type: ignore[arg-type]
+        parent_path=parent,
+        seed=settings.reef.seed,
+    )
+    try:
+        trained = train(recipe, job, settings.reef)
+    except ReefError as e:
+        if e.code != "nothing_to_train" or isinstance(e, NothingToTrain):
+            raise
+        # a rank's verdict that crossed a process as a plain ReefError
+        raise NothingToTrain(e.message) from None
+    faults.reached("trained", head.scenario)
+    mlflow.log_metrics(trained.metrics)
+    evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
+    decision = gate(evaluation.candidate, evaluation.head, settings, evaluation.guards)
+    metrics = {
+        **trained.metrics,
+        "eval_samples": float(len(evaluation.sample_ids)),
+        "eval_seconds": evaluation.seconds,
+        **decision.metrics(),
+    }
+    log_gate(decision, evaluation.__dict__, metrics, step)
+    faults.reached("evaluated", head.scenario)
+    made = Provenance(
+        recipe=recipe.name,
+        dataset_id=snapshot.content_hash,
+        metrics=metrics,
+        run_id=run_id,
+        base_model=str(model),
+        metadata=trained.metadata or {},
+    )
+    return Judged(trained, decision, made)

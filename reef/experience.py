@@ -18,8 +18,9 @@ reason (the first that applies, in this order):
 - "incomplete":      a quoted record is a stream cut before its end (reef.records.INCOMPLETE_TAG):
                      its answer is only what was streamed before the engine failed or the
                      client left;
-- "not_selected":    with `tags` (the loop's `reef.select`), a record lacks one of them: the
-                     sample belongs to another agent, role or user of the scenario;
+- "not_selected":    with a slice (the loop's `reef.select`), a record is outside it (lacks
+                     one of its tags, is of another session or was served to another user):
+                     the sample belongs to another agent, role, session or user;
 - "consumed":        a record was already trained on by this recipe (consumption receipts);
 - "no_score":        the counting report carries feedback but no score;
 - "unknown_release": a record names a release that is neither on the scenario's chain nor a
@@ -66,6 +67,7 @@ from reef.records import (
     Consumption,
     Record,
     Report,
+    Slice,
     content_hash,
     utcnow,
 )
@@ -350,13 +352,13 @@ def collect(
     max_staleness: int | None = None,
     rule: Rule = "latest",
     page_size: int = PAGE_SIZE,
-    tags: Mapping[str, str] | None = None,
+    select: Slice | None = None,
     metric: str = "score",
     judgments: bool = True,
 ) -> Experience:
     """The scenario's experience for `kind`, as `recipe` (whose consumption receipts count)
-    would see it now. Reads only; `max_staleness=None` keeps samples of any age; `tags` keeps
-    only samples whose every record carries these tags with these values (a slice); `metric`
+    would see it now. Reads only; `max_staleness=None` keeps samples of any age; `select` keeps
+    only samples whose every record is in the slice (its tags, sessions, users); `metric`
     is what a sample's score is (reef.metric: the reports' score, or a named metric);
     `judgments=False` leaves the judge's reports out (judge.min_agreement not shown)."""
     with gcpause.paused():
@@ -368,7 +370,7 @@ def collect(
             max_staleness,
             rule,
             page_size,
-            tags or {},
+            select or Slice(),
             metric,
             judgments,
         )
@@ -382,7 +384,7 @@ def _collect(
     max_staleness: int | None,
     rule: Rule,
     page_size: int,
-    tags: Mapping[str, str],
+    select: Slice,
     metric: str,
     judgments: bool,
 ) -> Experience:
@@ -393,8 +395,7 @@ def _collect(
     groups = _by_receipts(by_record)
     wanted = {rec.id: rec for rec in store.quoted_records(scenario)}
     del by_record
-    awaiting = store.count_awaiting_feedback(scenario, recipe, tags)
-    selected = tags.items()
+    awaiting = store.count_awaiting_feedback(scenario, recipe, select)
 
     dropped: Counter[str] = Counter()
     candidates: list[tuple[list[Record], Report, float, list[Report], int]] = []
@@ -406,7 +407,7 @@ def _collect(
         if any(INCOMPLETE_TAG in r.tags for r in records):
             dropped["incomplete"] += 1
             continue
-        if selected and any(not selected <= r.tags.items() for r in records):
+        if select and not all(select.holds(r) for r in records):
             dropped["not_selected"] += 1
             continue
         records = _order(records)

@@ -23,6 +23,8 @@ class Provenance:
     base_model: str | Path | None = None
     # joins its release's metadata: the recipe's own (Trained.metadata), the Prefect flow run
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # more `reef.<key>` tags of its MLflow model version (a composite release names its parts)
+    tags: Mapping[str, str] = field(default_factory=dict)
 
     def with_metadata(self, more: Mapping[str, Any]) -> Provenance:
         """The same provenance with `more` joining its metadata."""

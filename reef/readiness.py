@@ -84,7 +84,7 @@ def readiness(
         kind,
         recipe=loop_settings.recipe,
         max_staleness=loop_settings.max_staleness,
-        tags=loop_settings.select.tags,
+        select=loop_settings.select.slice(),
         metric=loop_settings.metric,
         judgments=refused is None,
     )

@@ -38,6 +38,7 @@ RECIPES: dict[str, str] = {
     "harness": "reef.recipes.harness.recipe:HarnessRecipe",
     "tttd": "reef.recipes.tttd.recipe:TTTDRecipe",
     "openclaw": "reef.recipes.openclaw.recipe:OpenClawRecipe",
+    "composite": "reef.recipes.composite.recipe:CompositeRecipe",
 }
 
 # A scorer (reward function) as TRL takes them: completions plus the dataset's other columns
@@ -48,6 +49,8 @@ Scorer = Callable[..., list[float]]
 Progress = Callable[[int, int, Mapping[str, float]], None]
 
 ReleaseKind = Literal["adapter", "checkpoint"]
+# What a recipe's candidates change: the weights, the harness, or both (recipes.composite).
+Target = Literal["weights", "harness", "composite"]
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,9 @@ class Recipe:
 
     name: ClassVar[str]
     kind: ClassVar[Kind]  # the experience it takes (reef.samples)
-    # What a candidate changes: the weights (WeightsRecipe.train) or the harness.
-    target: ClassVar[Literal["weights", "harness"]]
+    # What a candidate changes: the weights (WeightsRecipe.train), the harness, or both (a
+    # composite recipe runs a harness step and a weights step: recipes.composite).
+    target: ClassVar[Target]
     contract: ClassVar[ReportContract] = ReportContract()
     Params: ClassVar[type[Any]]
     # Which report counts when several quote the same receipts (reef.experience.pick).
@@ -170,7 +174,7 @@ class Recipe:
 class WeightsRecipe(Recipe, ABC):
     """A recipe whose candidates are new weights (an adapter or a checkpoint)."""
 
-    target: ClassVar[Literal["weights", "harness"]] = "weights"
+    target: ClassVar[Target] = "weights"
     # Whether `train` may run in every rank of `accelerate launch` (reef.train.processes > 1,
     # recipes.distributed): a transformers Trainer that shards the batch and averages the
     # gradients (DDP), saving through recipes.training.fit on rank 0. A hand-written loop
@@ -214,7 +218,7 @@ def recipe_class(name: str) -> type[Recipe]:
     cls = import_object(RECIPES.get(name, name), "recipe")
     if not (isinstance(cls, type) and issubclass(cls, Recipe)):
         raise ConfigError(f"recipe '{name}' is not a reef.recipe.Recipe subclass")
-    if getattr(cls, "target", None) not in ("weights", "harness"):
+    if getattr(cls, "target", None) not in typing.get_args(Target):
         raise ConfigError(f"recipe '{name}' sets no target: subclass reef.recipe.WeightsRecipe")
     return cls
 

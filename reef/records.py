@@ -207,6 +207,9 @@ IMPORTED_TAG = "reef.imported"
 # is never experience (reef.experience drops it as "incomplete").
 INCOMPLETE_TAG = "reef.incomplete"
 
+# The tag naming the end user a call was served to: the x-reef-user-id header's value.
+USER_TAG = "reef.user"
+
 
 @dataclass(frozen=True)
 class Record:
@@ -312,3 +315,25 @@ class Report:
         if self.metrics:
             content["metrics"] = self.metrics
         return content_hash(content)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """The records a recipe learns from (`reef.select`): each record of a sample must carry
+    every one of `tags` with its value, belong to one of `sessions` and have been served to
+    one of `users` (its USER_TAG); an empty field keeps every record."""
+
+    tags: dict[str, str] = field(default_factory=dict)
+    sessions: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.tags or self.sessions or self.users)
+
+    def holds(self, record: Record) -> bool:
+        """Whether `record` is in the slice."""
+        if self.tags and not self.tags.items() <= record.tags.items():
+            return False
+        if self.sessions and record.session_id not in self.sessions:
+            return False
+        return not self.users or record.tags.get(USER_TAG) in self.users

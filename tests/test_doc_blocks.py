@@ -97,7 +97,8 @@ def harness(tmp_path: Path) -> None:
 
 def recipes(tmp_path: Path) -> None:
     """docs/recipes.md: the example recipe loads by the name its configuration gives, an admin
-    changes a scenario's keys at run time, and a tagged call carries its role."""
+    changes a scenario's keys at run time, a tagged call carries its role, and a call names its
+    session and end user."""
     doc = ROOT / "docs/recipes.md"
     recipe = next(b.code for b in blocks(doc) if b.runs and b.lang == "python")
     (tmp_path / "myrecipes").mkdir()
@@ -123,9 +124,13 @@ assert (r.name, r.kind, r.params.epochs, r.params.full) == ("shorter", "scored",
         with httpx.Client(base_url=srv.url, headers=auth) as http:
             settings = http.get("/reef/scenarios/coder/settings").json()
         with Reef(srv.url, scenario="coder", api_key=ADMIN) as reef:
-            tags = [r.tags for r in reef.records().data]
+            records = reef.records().data
     assert '"batch_size": 8' in str(settings).replace("'", '"'), settings
-    assert len(tags) == 1 and tags[0].get("role") == "planner", tags
+    tags = [r.tags for r in records]
+    assert len(tags) == 2 and any(t.get("role") == "planner" for t in tags), tags
+    # the slice by session and end user: the call names both
+    alice = [r for r in records if r.tags.get("reef.user") == "alice"]
+    assert [r.session_id for r in alice] == ["run-2026-12-06-a"], tags
 
 
 def examples(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal, cast
 
 from reef.errors import ReefError
 from reef.harness import Harness
-from reef.recipe import Recipe, ReportContract
+from reef.recipe import Recipe, ReportContract, Target
 from reef.recipes.harness.episodes import Generate, Outcome, Scorer, Task, run_episode
 from reef.recipes.harness.propose import (
     Ask,
@@ -161,7 +161,7 @@ class HarnessRecipe(Recipe):
 
     name = "harness"
     kind = "scored"
-    target: ClassVar[Literal["weights", "harness"]] = "harness"
+    target: ClassVar[Target] = "harness"
     contract = ReportContract(score=True)
     Params = HarnessParams
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from reef.recipe import RECIPES, distributed_refusal, recipe_class
+from reef.records import Slice
 from reef.settings.section import DOTTED, Section
 
 
@@ -37,6 +38,21 @@ class SelectSettings(Section):
         "with `x-reef-tag-<name>: <value>` headers), e.g. {role: planner}; samples with a "
         "record outside are dropped as not_selected; empty: every record",
     )
+    sessions: list[str] = Field(
+        default_factory=list,
+        description="sessions every record of a sample must belong to (a record's session: "
+        "the x-reef-session-id header, or the conversation Reef found it continues), e.g. one "
+        "agent's run; empty: every session",
+    )
+    users: list[str] = Field(
+        default_factory=list,
+        description="end users every record of a sample must have been served to (the "
+        "x-reef-user-id header, recorded as the tag reef.user); empty: every user",
+    )
+
+    def slice(self) -> Slice:
+        """The slice as the experience reads it (reef.records.Slice)."""
+        return Slice(dict(self.tags), tuple(self.sessions), tuple(self.users))
 
 
 class LoopSettings(Section):
@@ -46,7 +62,7 @@ class LoopSettings(Section):
     recipe: str = Field(
         "sft",
         description="how experience becomes a release: sft | kto | dpo | sao | grpo | openclaw "
-        "| harness | tttd, or pkg.module:Class",
+        "| harness | tttd | composite, or pkg.module:Class",
     )
     batch_size: int = Field(
         32, ge=1, description="eligible samples of a scenario that start an evolve run"

@@ -3,7 +3,7 @@ the recipes' consumption receipts, and the sums readiness and rollouts take over
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -12,7 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from reef.errors import Conflict, StoreError
-from reef.records import Consumption, Report
+from reef.records import USER_TAG, Consumption, Report, Slice
 from reef.store import tables
 from reef.store.connect import describe_error
 from reef.store.database import IN_CHUNK, Database
@@ -58,11 +58,11 @@ class ReportStore(Protocol):
 
     # aggregates ---------------------------------------------------------------------------
     def count_awaiting_feedback(
-        self, scenario: str, recipe: str, tags: Mapping[str, str] | None = None
+        self, scenario: str, recipe: str, within: Slice | None = None
     ) -> int:
         """How many records of `scenario` no report of it quotes and `recipe` has not consumed
-        (with `tags`: only records carrying each of these tags with its value): one aggregate
-        query, no record read into memory."""
+        (`within` a slice: only its records: carrying each of its tags with its value, of its
+        sessions, served to its users): one aggregate query, no record read into memory."""
         ...
 
     def arm_sums(
@@ -182,9 +182,10 @@ class SQLReports(Database, ReportStore):
 
     # aggregates ---------------------------------------------------------------------------
     def count_awaiting_feedback(
-        self, scenario: str, recipe: str, tags: Mapping[str, str] | None = None
+        self, scenario: str, recipe: str, within: Slice | None = None
     ) -> int:
         r, p, c = tables.records, tables.reports, tables.consumptions
+        part = within or Slice()
         # The receipts the scenario's reports quote, expanded from their JSON lists in the
         # database: a scan of the reports (few), never of the records (many).
         if self._sqlite:
@@ -207,7 +208,9 @@ class SQLReports(Database, ReportStore):
                 r.c.id.not_in(
                     select(c.c.record_id).where(c.c.scenario == scenario, c.c.recipe == recipe)
                 ),
-                *(r.c.tags[name].as_string() == value for name, value in (tags or {}).items()),
+                *(r.c.tags[name].as_string() == value for name, value in part.tags.items()),
+                *([r.c.session_id.in_(part.sessions)] if part.sessions else []),
+                *([r.c.tags[USER_TAG].as_string().in_(part.users)] if part.users else []),
             )
         )
         with self._tx(f"counting records awaiting feedback in '{scenario}'") as conn:

@@ -101,6 +101,24 @@ def test_invalid_session_id_is_rejected(server: InProcessReef, scenario: str, ba
     assert r.json()["error"]["code"] == "invalid_session_id"
 
 
+def test_the_end_user_is_recorded_as_a_tag(server: InProcessReef, scenario: str) -> None:
+    """x-reef-user-id names who a call served: the record's tag reef.user (reef.select.users
+    trains on one user's turns); a call without it has no such tag."""
+    c = _client(server, scenario, **{"x-reef-user-id": "alice@example.com"})
+    a, _ = _ask(c, [{"role": "user", "content": "Name a fish."}])
+    assert _record(server, scenario, a)["tags"]["reef.user"] == "alice@example.com"
+    b, _ = _ask(_client(server, scenario), [{"role": "user", "content": "Name a bird."}])
+    assert "reef.user" not in _record(server, scenario, b)["tags"]
+    r = httpx.post(
+        f"{server.base_url}/chat/completions",
+        headers={"x-reef-scenario": scenario, "x-reef-user-id": "x" * 513},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_user_id"
+    assert r.json()["error"]["param"] == "x-reef-user-id"
+
+
 def test_anthropic_route_stitches_turns(server: InProcessReef, scenario: str) -> None:
     c = anthropic.Anthropic(
         base_url=server.url, api_key="unused", default_headers={"x-reef-scenario": scenario}

@@ -10,7 +10,7 @@ import pytest
 
 from reef.experience import collect, consume
 from reef.readiness import readiness
-from reef.records import Candidate, new_id, utcnow
+from reef.records import USER_TAG, Candidate, Slice, new_id, utcnow
 from reef.samples import PreferenceSample, RolloutSample, ScoredSample, TrajectorySample
 from reef.settings import LoopSettings
 from reef.store.sql import SQLStore
@@ -266,11 +266,13 @@ def test_a_slice_keeps_the_samples_whose_every_record_carries_its_tags(store: SQ
     whole = collect(store, S, "scored", recipe="sft")
     assert len(whole.samples) == 7 and whole.awaiting_feedback == 1
 
-    mine = collect(store, S, "scored", recipe="sft", tags={"role": "planner"})
+    mine = collect(store, S, "scored", recipe="sft", select=Slice({"role": "planner"}))
     assert sorted(s.record_ids[0] for s in mine.samples) == sorted(r.id for r in planner)
     assert mine.dropped == Counter(not_selected=4)  # 2 executor turns, untagged, the mix
     assert mine.awaiting_feedback == 1
-    narrower = collect(store, S, "scored", recipe="sft", tags={"role": "planner", "app": "b"})
+    narrower = collect(
+        store, S, "scored", recipe="sft", select=Slice({"role": "planner", "app": "b"})
+    )
     assert not narrower.samples and narrower.awaiting_feedback == 0
 
     loop = LoopSettings(batch_size=3, select={"tags": {"role": "planner"}})
@@ -278,6 +280,45 @@ def test_a_slice_keeps_the_samples_whose_every_record_carries_its_tags(store: SQ
     assert (ready.eligible, ready.ready, ready.dropped["not_selected"]) == (3, True, 4)
     other = readiness(store, S, LoopSettings(batch_size=3, select={"tags": {"role": "executor"}}))
     assert (other.eligible, other.ready, other.awaiting_feedback) == (2, False, 0)
+
+
+def test_a_slice_by_session_or_user_keeps_that_agents_or_users_turns(store: SQLStore) -> None:
+    """`reef.select.sessions` / `.users`: one agent's run (its session) or one end user's turns
+    (x-reef-user-id, recorded as the tag reef.user) is the training slice; a trajectory with a
+    turn outside it is not its sample; readiness and awaiting_feedback count the slice."""
+    base = _base(store)
+    run = session(S, base, 2)  # one agent's run: a two-turn trajectory and a single turn
+    alone = record(S, base, session_id=run[0].session_id, turn=5)
+    other = session(S, base, 1)
+    alice = [record(S, base, tags={USER_TAG: "alice"}) for _ in range(2)]
+    bob = record(S, base, tags={USER_TAG: "bob", "role": "planner"})
+    waiting = [  # never reported: what awaits feedback in each slice
+        record(S, base, session_id=run[0].session_id, turn=9),
+        record(S, base, tags={USER_TAG: "alice"}),
+    ]
+    store.add_records([*run, alone, *other, *alice, bob, *waiting])
+    store.add_report(report(S, *(r.id for r in run)))
+    for rec in [alone, *other, *alice, bob]:
+        store.add_report(report(S, rec.id))
+
+    mine = collect(store, S, "scored", recipe="sft", select=Slice(sessions=(run[0].session_id,)))
+    assert sorted(s.record_ids for s in mine.samples) == sorted(
+        [tuple(r.id for r in run), (alone.id,)]
+    )
+    assert mine.dropped == Counter(not_selected=4) and mine.awaiting_feedback == 1
+    users = collect(store, S, "scored", recipe="sft", select=Slice(users=("alice",)))
+    assert sorted(s.record_ids[0] for s in users.samples) == sorted(r.id for r in alice)
+    assert users.awaiting_feedback == 1
+    both = Slice({"role": "planner"}, users=("alice", "bob"))  # every key must hold
+    assert [
+        s.record_ids[0] for s in collect(store, S, "scored", recipe="sft", select=both).samples
+    ] == [bob.id]
+
+    loop = LoopSettings(batch_size=2, select={"sessions": [run[0].session_id]})
+    ready = readiness(store, S, loop)
+    assert (ready.eligible, ready.ready, ready.dropped["not_selected"]) == (2, True, 4)
+    bobs = readiness(store, S, LoopSettings(batch_size=2, select={"users": ["bob"]}))
+    assert (bobs.eligible, bobs.ready, bobs.awaiting_feedback) == (1, False, 0)
 
 
 def test_a_named_metric_is_what_the_recipe_learns_from(store: SQLStore) -> None:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from reef.errors import Conflict, NotFound
-from reef.records import Consumption, Record, Report, new_id, utcnow
+from reef.records import USER_TAG, Consumption, Record, Report, Slice, new_id, utcnow
 from reef.store import tables
 from reef.store.reports import ReportStore
 from reef.store.rows import id_at
@@ -187,12 +187,39 @@ def test_count_awaiting_feedback_of_a_slice_counts_its_tagged_records(
     untagged = [make_record("sl", base) for _ in range(2)]
     store.add_records([*planner, *executor, *untagged])
     report_store.add_report(_scored("sl", planner[0].id))
-    assert report_store.count_awaiting_feedback("sl", "sft") == 8
-    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "planner"}) == 3
-    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "executor"}) == 3
-    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "planner", "app": "x"}) == 3
-    assert report_store.count_awaiting_feedback("sl", "sft", {"role": "planner", "app": "y"}) == 0
-    assert report_store.count_awaiting_feedback("sl", "sft", {}) == 8
+
+    def count(within: Slice | None = None) -> int:
+        return report_store.count_awaiting_feedback("sl", "sft", within)
+
+    assert count() == 8
+    assert count(Slice({"role": "planner"})) == 3
+    assert count(Slice({"role": "executor"})) == 3
+    assert count(Slice({"role": "planner", "app": "x"})) == 3
+    assert count(Slice({"role": "planner", "app": "y"})) == 0
+    assert count(Slice()) == 8
+
+
+def test_count_awaiting_feedback_of_sessions_and_users(
+    report_store: ReportStore, store: SQLStore, make_record: MakeRecord
+) -> None:
+    """reef.select.sessions / .users, counted in the database (session_id, the reef.user tag)."""
+    base = store.ensure_scenario("su").head_release_id
+    run = [make_record("su", base, session_id="run-a", turn=k) for k in range(3)]
+    other = make_record("su", base, session_id="run-b", turn=0)
+    alice = [make_record("su", base, tags={USER_TAG: "alice"}) for _ in range(2)]
+    bob = make_record("su", base, tags={USER_TAG: "bob", "role": "planner"}, session_id="run-a")
+    store.add_records([*run, other, *alice, bob])
+    report_store.add_report(_scored("su", run[0].id))
+
+    def count(within: Slice) -> int:
+        return report_store.count_awaiting_feedback("su", "sft", within)
+
+    assert count(Slice(sessions=("run-a",))) == 3  # two of the run's turns and bob's
+    assert count(Slice(sessions=("run-a", "run-b"))) == 4
+    assert count(Slice(users=("alice",))) == 2
+    assert count(Slice(users=("alice", "bob"))) == 3
+    assert count(Slice({"role": "planner"}, sessions=("run-a",), users=("bob",))) == 1
+    assert count(Slice(sessions=("run-b",), users=("bob",))) == 0
 
 
 def test_quoting_reports_and_deleting_reports_with_their_references(

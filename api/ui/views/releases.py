@@ -113,6 +113,32 @@ class ReleaseRow:
     approval: dict[str, Any] | None  # {"by", "via"} when a person approved it
     source: str | None  # a rollback's: the release whose content it serves again
     harness: bool  # it carries a harness: a diff against its parent exists
+    parts: tuple[Part, ...] = ()  # a composite release's steps, in the order they ran
+
+
+@dataclass(frozen=True)
+class Part:
+    """One step of a composite release: its gate's verdict and why; `released`: it is part
+    of this release (its gate passed)."""
+
+    name: str
+    status: str
+    reason: str
+    released: bool
+
+
+def parts(metadata: dict[str, Any]) -> tuple[Part, ...]:
+    """The steps a composite release's metadata names (none for any other release)."""
+    composite = metadata.get("composite")
+    if not isinstance(composite, dict):
+        return ()
+    steps = composite.get("steps") or {}
+    released = composite.get("released") or []
+    return tuple(
+        Part(name, str(step.get("status", "")), str(step.get("reason", "")), name in released)
+        for name in composite.get("order") or steps
+        if isinstance(step := steps.get(name), dict)
+    )
 
 
 def release_rows(
@@ -139,6 +165,7 @@ def release_rows(
             approval=r.metadata.get("approval"),
             source=r.metadata.get("source_release_id"),
             harness=isinstance(r.metadata.get("harness"), dict),
+            parts=parts(r.metadata),
         )
         for r in reversed(chain)
     ]
