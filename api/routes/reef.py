@@ -12,11 +12,10 @@ from fastapi.responses import JSONResponse
 
 from reef.api.bodies import read_json, validate
 from reef.api.contract import SCENARIO, ScenarioPath, errors, reads
+from reef.api.reporting import store_report
 from reef.api.services import caller, check_scenario_name, services
 from reef.errors import BadRequest, ReefError
-from reef.metrics import check_metrics
-from reef.records import Record, Report, Scenario, new_id, utcnow
-from reef.scenario_settings import learning_settings
+from reef.records import Record, Report, Scenario
 from reef.wire import (
     RESERVED_REPORT_ID_PREFIXES,
     RESERVED_SOURCES,
@@ -233,34 +232,7 @@ async def report(request: Request, response: Response) -> ReportOut:
     body = validate(ReportIn, await read_json(request, svc.settings.server.max_body_bytes))
     check_scenario_name(name)
     _check_reserved(body)
-    if body.metrics:  # against the scenario's own metrics, those set at run time included
-        own = await asyncio.to_thread(learning_settings, svc.settings, svc.store, name)
-        check_metrics(name, body.metrics, own.metrics)
-    found = await asyncio.to_thread(svc.store.existing_record_ids, name, body.references)
-    missing = [r for r in body.references if r not in found]
-    if missing:
-        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
-        raise BadRequest(
-            f"unknown receipts for scenario '{name}': {shown}",
-            code="unknown_reference",
-            param="references",
-        )
-    report = Report(
-        id=body.report_id or new_id("rpt"),
-        scenario=name,
-        created_at=utcnow(),
-        references=tuple(body.references),
-        score=body.score,
-        feedback=body.feedback,
-        metadata=body.metadata,
-        metrics=body.metrics,
-    )
-    stored, created = await asyncio.to_thread(svc.store.add_report, report)
-    if created:
-        svc.metrics.reports.labels(name).inc()
-        svc.telemetry.report(stored)
-        if svc.evolver is not None:
-            svc.evolver.notify(name)
-    else:
+    stored, created = await store_report(svc, name, body)
+    if not created:
         response.status_code = 200
     return _report_out(stored, created)
