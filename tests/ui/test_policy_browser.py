@@ -70,6 +70,7 @@ def _pages(srv: InProcessReef, ids: dict[str, str]) -> list[str]:
         f"{s}/candidates",
         f"{s}/curves",
         f"{s}/jobs",
+        f"{s}/queue",
         f"{s}/diff/{ids['harness']}",
         f"{s}/archive",
         f"{s}/readiness",

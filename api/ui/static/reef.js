@@ -59,9 +59,10 @@ document.addEventListener("submit", (ev) => {
   };
   document.addEventListener("keydown", (ev) => {
     const field = ev.target.closest && ev.target.closest("textarea, input[type=number], select");
-    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey) && ev.target.form && ev.target.form.matches("form.review")) {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) {  // save the turn's review
+      const own = ev.target.form && ev.target.form.matches("form.review") ? ev.target.form : null;
       ev.preventDefault();
-      ev.target.form.requestSubmit();
+      (own || turns[at].querySelector("form.review")).requestSubmit();
       return;
     }
     if (field) {
