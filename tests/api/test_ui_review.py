@@ -7,10 +7,12 @@ its progress shows on the overview."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -217,3 +219,55 @@ def test_the_queue_is_taken_skipped_and_finished(reef: InProcessReef) -> None:
         assert "Review queues" in overview and "1</span> of 3 reviewed" in overview
     [p] = [p for p in _reports(reef, "q") if p["references"] == [turns[0]]]
     assert p["metadata"]["queue_item"] == item and p["metadata"]["reviewer"] == "rita"
+
+
+@pytest.mark.postgres
+def test_two_replicas_on_postgres_never_hand_out_the_same_turn(
+    reef: InProcessReef, make_postgres_database: Any, tmp_path: Path
+) -> None:
+    """Two reviewers, each on a replica of its own over one Postgres database, work through
+    the same queue at once: every turn is reviewed exactly once."""
+    assert reef.config is not None
+    database = make_postgres_database()
+    config = tmp_path / "pg.yaml"
+    settings = yaml.safe_load(Path(reef.config).read_text())
+    settings["auth"]["tokens"].append(
+        {"name": "otto", "sha256": hash_token("rv-otto"), "scenarios": ["q"], "reviewer": True}
+    )
+    settings["store"] = {"database_url": database}
+    config.write_text(yaml.safe_dump(settings))
+    with (
+        InProcessReef(tmp_path / "a", config=config) as a,
+        InProcessReef(tmp_path / "b", config=config) as b,
+    ):
+        turns = {_chat(a, "q", f"turn {i}") for i in range(10)}
+        done: dict[str, list[str]] = {}
+        start = threading.Barrier(2)
+
+        def work(srv: InProcessReef, token: str, name: str) -> None:
+            mine = []
+            with _signed_in(srv, token) as ui:
+                csrf = _field(ui.get("/ui/s/q/queue").text, "csrf")
+                start.wait()
+                r = ui.post("/ui/s/q/queue/take", data={"csrf": csrf})
+                while "#rec_" in r.headers["location"]:
+                    rid = r.headers["location"].rpartition("#")[2]
+                    item = parse_qs(urlsplit(r.headers["location"]).query)["item"][0]
+                    mine.append(rid)
+                    form = {"csrf": csrf, "record_id": rid, "score": "1", "item": item}
+                    r = ui.post("/ui/s/q/review", data=form)
+                    assert r.status_code == 303, r.text
+            done[name] = mine
+
+        threads = [
+            threading.Thread(target=work, args=(a, RITA, "rita")),
+            threading.Thread(target=work, args=(b, "rv-otto", "otto")),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert set(done) == {"rita", "otto"}
+    reviewed = done["rita"] + done["otto"]
+    assert sorted(reviewed) == sorted(turns)  # each turn once, by one of them
+    assert done["rita"] and done["otto"]
