@@ -80,8 +80,10 @@ class ReviewStore(Protocol):
         they no longer hold it (another reviewer took it after their lease ran out)."""
         ...
 
-    def review_items(self, scenario: str, status: str | None, limit: int) -> list[ReviewItem]:
-        """The queue's items (of `status`, or all), oldest first."""
+    def review_items(
+        self, scenario: str, status: str | None, limit: int, *, newest: bool = False
+    ) -> list[ReviewItem]:
+        """The queue's items (of `status`, or all), oldest first (`newest`: newest first)."""
         ...
 
     def review_items_by_id(self, scenario: str, ids: Sequence[str]) -> list[ReviewItem]:
@@ -168,12 +170,15 @@ class SQLReview(Database, ReviewStore):
             ).rowcount
         return bool(changed == 1)
 
-    def review_items(self, scenario: str, status: str | None, limit: int) -> list[ReviewItem]:
+    def review_items(
+        self, scenario: str, status: str | None, limit: int, *, newest: bool = False
+    ) -> list[ReviewItem]:
         t = tables.review_items
         query = select(t).where(t.c.scenario == scenario)
         if status is not None:
             query = query.where(t.c.status == status)
-        query = query.order_by(t.c.created_at, t.c.id).limit(max(limit, 0))
+        order = (t.c.created_at.desc(), t.c.id.desc()) if newest else (t.c.created_at, t.c.id)
+        query = query.order_by(*order).limit(max(limit, 0))
         with self._tx(f"listing review items of '{scenario}'") as conn:
             return [_item_of(r) for r in conn.execute(query).all()]
 

@@ -21,7 +21,7 @@ from reef.api.reporting import store_report
 from reef.api.services import Services
 from reef.api.ui.pages.common import call, page, render, scoped
 from reef.api.ui.signin import Viewer, checked_form
-from reef.errors import BadRequest
+from reef.errors import BadRequest, NotFound
 from reef.records import new_id
 from reef.review import describe, fill
 from reef.scenario_settings import learning_settings
@@ -151,17 +151,23 @@ async def _next_item(
 ) -> Response:
     """Take the reviewer's next item and open its turn; back to the queue when none is left."""
     await call(fill, svc.store, svc.browse.reports_for, name, own.review)
-    item: ReviewItem | None = await call(
-        svc.store.claim_review_item, name, who.principal.name, own.review.lease_s
-    )
     extra = {"msg": msg, **({"id": rid} if rid else {})}
-    if item is None:
-        query = urlencode({**extra, "msg": "queue_empty" if msg == "taken" else msg})
-        return RedirectResponse(f"/ui/s/{quote(name)}/queue?{query}", status_code=303)
-    record = await call(svc.store.get_record, name, item.record_id)
-    return RedirectResponse(
-        _turn_url(name, record.id, record.session_id, item.id, extra), status_code=303
-    )
+    while True:
+        item: ReviewItem | None = await call(
+            svc.store.claim_review_item, name, who.principal.name, own.review.lease_s
+        )
+        if item is None:
+            query = urlencode({**extra, "msg": "queue_empty" if msg == "taken" else msg})
+            return RedirectResponse(f"/ui/s/{quote(name)}/queue?{query}", status_code=303)
+        try:
+            record = await call(svc.store.get_record, name, item.record_id)
+        except NotFound:  # retention archived the turn since it was queued: nothing to show
+            await call(
+                svc.store.finish_review_item, name, item.id, item.claimed_by, "skipped", None
+            )
+            continue
+        url = _turn_url(name, record.id, record.session_id, item.id, extra)
+        return RedirectResponse(url, status_code=303)
 
 
 @router.get("/s/{scenario}/queue")
@@ -175,7 +181,7 @@ async def queue(request: Request, scenario: str) -> Response:
     await call(fill, svc.store, svc.browse.reports_for, name, own.review)
     progress = await call(svc.store.queue_progress, name)
     items = await call(svc.store.review_items, name, "open", 100)
-    done = await call(svc.store.review_items, name, "done", 1000)
+    done = await call(svc.store.review_items, name, "done", 20, newest=True)
     return render(
         request,
         "queue.html",
@@ -184,7 +190,7 @@ async def queue(request: Request, scenario: str) -> Response:
         tab="queue",
         progress=progress,
         items=items,
-        done=done[-20:],
+        done=done,
         policies=describe(own.review),
         may_review=who.principal.may_review and who.principal.may_use(name),
         now_ts=time.time(),
