@@ -14,11 +14,9 @@ from reef.api.bodies import read_json, validate
 from reef.api.contract import SCENARIO, ScenarioPath, errors, reads
 from reef.api.reporting import store_report
 from reef.api.services import caller, check_scenario_name, services
-from reef.errors import BadRequest, ReefError
+from reef.errors import ReefError
 from reef.records import Record, Report, Scenario
 from reef.wire import (
-    RESERVED_REPORT_ID_PREFIXES,
-    RESERVED_SOURCES,
     RecordList,
     RecordOut,
     ReportIn,
@@ -193,26 +191,6 @@ async def list_reports(
     )
 
 
-def _check_reserved(body: ReportIn) -> None:
-    """A client's report never passes for one Reef writes: a judgment counts as the judge's
-    verdict (experience, readiness), and its id is the one the judging worker will take."""
-    source = body.metadata.get("source")
-    if isinstance(source, str) and source.strip().lower() in RESERVED_SOURCES:
-        raise BadRequest(
-            f"metadata.source '{source}' is reserved for reports Reef writes itself",
-            code="reserved_source",
-            param="metadata.source",
-        )
-    rid = (body.report_id or "").lower()
-    if rid.startswith(RESERVED_REPORT_ID_PREFIXES):
-        raise BadRequest(
-            f"report ids starting with {', '.join(RESERVED_REPORT_ID_PREFIXES)} are reserved "
-            "for Reef's own reports",
-            code="reserved_report_id",
-            param="report_id",
-        )
-
-
 @router.post(
     "/report",
     response_model=ReportOut,
@@ -231,7 +209,6 @@ async def report(request: Request, response: Response) -> ReportOut:
     svc, _, name = caller(request)
     body = validate(ReportIn, await read_json(request, svc.settings.server.max_body_bytes))
     check_scenario_name(name)
-    _check_reserved(body)
     stored, created = await store_report(svc, name, body)
     if not created:
         response.status_code = 200

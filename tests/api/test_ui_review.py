@@ -128,6 +128,9 @@ def test_a_review_is_a_human_report_that_trains_like_an_api_correction(
         # the scenario's metrics are checked as on the API; an empty review says nothing
         bad = ui.post(f"/ui/s/{SHOP}/review", data={**form, "report_id": "", "m.accuracy": "7"})
         assert bad.status_code == 400 and "accuracy" in bad.text
+        # what only Reef writes is refused here as on the API: a judge's report id
+        judge = ui.post(f"/ui/s/{SHOP}/review", data={**form, "report_id": "judge_x1"})
+        assert judge.status_code == 400 and "reserved" in judge.text
         empty = {"csrf": form["csrf"], "record_id": reviewed}
         assert ui.post(f"/ui/s/{SHOP}/review", data=empty).status_code == 400
         shown = ui.get(r.headers["location"]).text
