@@ -3,8 +3,9 @@ review (review.* settings, per scenario under scenarios.<name>.review).
 
 - sample: a share of the turns, chosen by a hash of the turn's id (the same on every replica
   and every fill, so a fill never adds a turn it passed over before);
-- unsure: turns whose judgment's confidence is below `unsure_below` (the share of the
-  judge's votes for its verdict, reef.judge);
+- unsure: turns whose judgment's confidence is below `unsure_below` (reef.judge: the share of
+  a generating judge's votes for its verdict, so a split vote is unsure; a likelihood judge's
+  probability of its verdict);
 - disagreement: turns where the judge's verdict and a person's score disagree
   (reef.judge.person_vote, the rule of the judge's agreement with people);
 - canary: turns served by a candidate in canary.

@@ -23,8 +23,9 @@ class ReviewSettings(Section):
         None,
         ge=0.0,
         le=1.0,
-        description="turns whose judgment's confidence (the share of the judge's votes for its "
-        "verdict, reef.judge) is below this; null: none",
+        description="turns whose judgment is less sure than this (its confidence: the share "
+        "of a generating judge's votes for its verdict, a vote split, or a likelihood judge's "
+        "probability of it); null: none",
     )
     disagreement: bool = Field(
         False,
