@@ -17,6 +17,7 @@ class Principal:
     name: str
     admin: bool
     scenarios: frozenset[str] = frozenset()
+    reviewer: bool = False  # reviews turns of its scenarios; no release actions
 
     def may_use(self, scenario: str) -> bool:
         return self.admin or scenario in self.scenarios
@@ -26,8 +27,27 @@ class Principal:
             raise Forbidden(f"token '{self.name}' may not use scenario '{scenario}'")
 
     def require_admin(self, what: str) -> None:
-        if not self.admin:
-            raise Forbidden(f"token '{self.name}' is not an admin token; {what} needs one")
+        if self.admin:
+            return
+        if self.reviewer:
+            raise Forbidden(
+                f"token '{self.name}' is a reviewer token: it reviews turns but may not "
+                f"{what}; that needs an admin token"
+            )
+        raise Forbidden(f"token '{self.name}' is not an admin token; {what} needs one")
+
+    @property
+    def may_review(self) -> bool:
+        return self.admin or self.reviewer
+
+    def require_reviewer(self, scenario: str) -> None:
+        """May review `scenario`'s turns: in scope, and an admin or a reviewer token."""
+        self.require(scenario)
+        if not self.may_review:
+            raise Forbidden(
+                f"token '{self.name}' may not review turns: that needs a reviewer or an admin "
+                "token (auth.tokens[].reviewer)"
+            )
 
 
 ANONYMOUS = Principal("anonymous", admin=True)
@@ -50,7 +70,7 @@ class Authenticator:
 
     def __init__(self, tokens: tuple[TokenSettings, ...], engine_token: str | None = None):
         self._by_hash = {
-            t.sha256: Principal(t.name, t.admin, frozenset(t.scenarios)) for t in tokens
+            t.sha256: Principal(t.name, t.admin, frozenset(t.scenarios), t.reviewer) for t in tokens
         }
         if engine_token and self._by_hash:
             # the evolve worker's deploys: an admin token that lives as long as the process

@@ -93,6 +93,8 @@ def token(args: argparse.Namespace) -> int:
         entry["admin"] = True
     else:
         entry["scenarios"] = args.scenario
+        if args.reviewer:
+            entry["reviewer"] = True
     print(f"token (give it to the client; it is not stored): {secret}")
     print("add to your config under auth.tokens:")
     print("  - " + json.dumps(entry))
@@ -440,6 +442,12 @@ def _token_command(sub: Subcommands) -> None:
     g = t.add_mutually_exclusive_group(required=True)
     g.add_argument("--admin", action="store_true", help="may use every scenario")
     g.add_argument("--scenario", action="append", help="a scenario it may use (repeatable)")
+    t.add_argument(
+        "--reviewer",
+        action="store_true",
+        help="with --scenario: may review those scenarios' turns in the dashboard (no release "
+        "actions)",
+    )
     t.set_defaults(func=token)
 
 

@@ -502,6 +502,12 @@ class JudgeQuality:
         }
 
 
+def person_vote(score: float) -> int:
+    """A person's score as a verdict to compare with the judge's: 0.5 or more is +1, 0 or
+    less is -1, anything in between is 0 (not compared)."""
+    return 1 if score >= 0.5 else -1 if score <= 0 else 0
+
+
 def judge_quality(reports: Iterable[Report], window: int = 50) -> JudgeQuality:
     """The JudgeQuality of a scenario's reports (all of them, in any order). A person's score
     of 0.5 or more agrees with a verdict of +1, of 0 or less with -1; a verdict of 0 and scores
@@ -540,7 +546,7 @@ def judge_quality(reports: Iterable[Report], window: int = 50) -> JudgeQuality:
         if rid not in people or verdict == 0:
             continue
         when, score = people[rid]
-        person = 1 if score >= 0.5 else -1 if score <= 0 else 0
+        person = person_vote(score)
         if person:
             outcomes.append((when, person == verdict))
     compared, agreed = len(outcomes), sum(ok for _, ok in outcomes)

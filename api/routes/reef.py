@@ -12,14 +12,11 @@ from fastapi.responses import JSONResponse
 
 from reef.api.bodies import read_json, validate
 from reef.api.contract import SCENARIO, ScenarioPath, errors, reads
+from reef.api.reporting import store_report
 from reef.api.services import caller, check_scenario_name, services
-from reef.errors import BadRequest, ReefError
-from reef.metrics import check_metrics
-from reef.records import Record, Report, Scenario, new_id, utcnow
-from reef.scenario_settings import learning_settings
+from reef.errors import ReefError
+from reef.records import Record, Report, Scenario
 from reef.wire import (
-    RESERVED_REPORT_ID_PREFIXES,
-    RESERVED_SOURCES,
     RecordList,
     RecordOut,
     ReportIn,
@@ -194,26 +191,6 @@ async def list_reports(
     )
 
 
-def _check_reserved(body: ReportIn) -> None:
-    """A client's report never passes for one Reef writes: a judgment counts as the judge's
-    verdict (experience, readiness), and its id is the one the judging worker will take."""
-    source = body.metadata.get("source")
-    if isinstance(source, str) and source.strip().lower() in RESERVED_SOURCES:
-        raise BadRequest(
-            f"metadata.source '{source}' is reserved for reports Reef writes itself",
-            code="reserved_source",
-            param="metadata.source",
-        )
-    rid = (body.report_id or "").lower()
-    if rid.startswith(RESERVED_REPORT_ID_PREFIXES):
-        raise BadRequest(
-            f"report ids starting with {', '.join(RESERVED_REPORT_ID_PREFIXES)} are reserved "
-            "for Reef's own reports",
-            code="reserved_report_id",
-            param="report_id",
-        )
-
-
 @router.post(
     "/report",
     response_model=ReportOut,
@@ -232,35 +209,7 @@ async def report(request: Request, response: Response) -> ReportOut:
     svc, _, name = caller(request)
     body = validate(ReportIn, await read_json(request, svc.settings.server.max_body_bytes))
     check_scenario_name(name)
-    _check_reserved(body)
-    if body.metrics:  # against the scenario's own metrics, those set at run time included
-        own = await asyncio.to_thread(learning_settings, svc.settings, svc.store, name)
-        check_metrics(name, body.metrics, own.metrics)
-    found = await asyncio.to_thread(svc.store.existing_record_ids, name, body.references)
-    missing = [r for r in body.references if r not in found]
-    if missing:
-        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
-        raise BadRequest(
-            f"unknown receipts for scenario '{name}': {shown}",
-            code="unknown_reference",
-            param="references",
-        )
-    report = Report(
-        id=body.report_id or new_id("rpt"),
-        scenario=name,
-        created_at=utcnow(),
-        references=tuple(body.references),
-        score=body.score,
-        feedback=body.feedback,
-        metadata=body.metadata,
-        metrics=body.metrics,
-    )
-    stored, created = await asyncio.to_thread(svc.store.add_report, report)
-    if created:
-        svc.metrics.reports.labels(name).inc()
-        svc.telemetry.report(stored)
-        if svc.evolver is not None:
-            svc.evolver.notify(name)
-    else:
+    stored, created = await store_report(svc, name, body)
+    if not created:
         response.status_code = 200
     return _report_out(stored, created)

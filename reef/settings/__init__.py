@@ -17,6 +17,7 @@ from reef.settings.gate import GateSettings, GuardSettings
 from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings, TrainSettings
 from reef.settings.prefect import PrefectSettings
+from reef.settings.review import ReviewSettings
 from reef.settings.rollout import ABSettings, RolloutSettings, ShadowSettings
 from reef.settings.scenarios import ScenarioSettings
 from reef.settings.secret import (
@@ -47,6 +48,7 @@ __all__ = [
     "LoopSettings",
     "PrefectSettings",
     "QuotaSettings",
+    "ReviewSettings",
     "RolloutSettings",
     "ScenarioSettings",
     "ServerSettings",

@@ -40,6 +40,12 @@ class TokenSettings(Section):
     scenarios: tuple[str, ...] = Field(
         (), description="the scenarios a non-admin token may use (any other: 403)"
     )
+    reviewer: bool = Field(
+        False,
+        description="may review turns of its scenarios in the dashboard (scores, metrics, "
+        "corrections, the annotation queue) but not approve, reject or roll back releases; "
+        "admin tokens review too",
+    )
     quota: QuotaSettings = Field(
         QuotaSettings(), description="limits over all the token's scenarios together"
     )
@@ -63,7 +69,7 @@ class AuthSettings(Section):
 
     tokens: tuple[TokenSettings, ...] = Field(
         (),
-        description="[{name, sha256, admin | scenarios, quota, scenario_quotas}]; empty: no "
+        description="[{name, sha256, admin | scenarios, reviewer, quota, scenario_quotas}]; empty: no "
         "auth, and only a loopback server.host starts",
     )
     secure_cookie: bool | None = Field(

@@ -41,6 +41,11 @@ class ScenarioSettings(Section):
         description="judge.* keys for this scenario: enabled, method, url, model, function, "
         "votes, hints, min_confidence, ...",
     )
+    review: dict[str, Any] = Field(
+        default_factory=dict,
+        description="review.* keys for this scenario: which turns fill its annotation queue "
+        "(sample, unsure_below, disagreement, canary), lease_s",
+    )
 
     metrics: Metrics = Field(
         default_factory=dict,

@@ -28,6 +28,7 @@ from reef.settings.judge import JudgeSettings
 from reef.settings.loop import LoopSettings
 from reef.settings.metrics import Metrics, check_learning_metric
 from reef.settings.prefect import PrefectSettings
+from reef.settings.review import ReviewSettings
 from reef.settings.rollout import RolloutSettings
 from reef.settings.scenarios import ScenarioSettings, merged
 from reef.settings.section import describe
@@ -54,6 +55,7 @@ class Settings(BaseSettings):
     tracking: TrackingSettings = TrackingSettings()
     rollout: RolloutSettings = RolloutSettings()
     judge: JudgeSettings = JudgeSettings()
+    review: ReviewSettings = ReviewSettings()
     prefect: PrefectSettings = PrefectSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     events: EventSettings = EventSettings()
@@ -78,7 +80,7 @@ class Settings(BaseSettings):
 
     def for_scenario(self, name: str, runtime: Mapping[str, Any] | None = None) -> Settings:
         """These settings as scenario `name` learns with them: its `scenarios.<name>` keys
-        over the top-level reef, gate and judge sections, and over those `runtime` (the keys
+        over the top-level reef, gate, judge and review sections, and over those `runtime` (the keys
         set at run time, PUT /reef/scenarios/{s}/settings). What the operator set stays set,
         so a recipe's own default gate still applies where no gate.policy was given."""
         override = self.scenarios.get(name)
@@ -91,7 +93,7 @@ class Settings(BaseSettings):
         if override is None:
             return self
         update: dict[str, Any] = {}
-        for section in ("reef", "gate", "judge"):
+        for section in ("reef", "gate", "judge", "review"):
             keys = getattr(override, section)
             if not keys:
                 continue

@@ -4,7 +4,7 @@ Each noun's Protocol lives in its module with its SQL implementation: scenarios
 (reef.store.scenarios), records with their Idempotency-Keys (.records), sessions (.sessions), reports with
 their references, consumption receipts and score sums (.reports), the release chain and its
 candidates (.chain), jobs (.jobs), shadow records (.shadows), the engine registry (.engines),
-the outbox of webhook events (.events), and the database's own life (.database). A caller types against the Protocols it uses;
+the outbox of webhook events (.events), the annotation queue (.review), and the database's own life (.database). A caller types against the Protocols it uses;
 `Store` is for the few that need most of them. Every backend (SQLite, Postgres) implements
 them identically: reef.store.sql.SQLStore.
 """
@@ -21,6 +21,7 @@ from reef.store.jobs import JobStore
 from reef.store.quotas import Quotas
 from reef.store.records import RecordStore
 from reef.store.reports import ReportStore
+from reef.store.review import ReviewStore
 from reef.store.scenarios import ScenarioStore
 from reef.store.sessions import SessionStore
 from reef.store.shadows import ShadowStore
@@ -33,6 +34,7 @@ __all__ = [
     "Lifecycle",
     "RecordStore",
     "ReportStore",
+    "ReviewStore",
     "ScenarioStore",
     "SessionStore",
     "ShadowStore",
@@ -51,6 +53,7 @@ class Store(
     ShadowStore,
     EngineStore,
     EventStore,
+    ReviewStore,
     Protocol,
 ):
     """Durable home of scenarios, records, reports, release chains and candidates.

@@ -136,6 +136,7 @@ class SQLScenarios(Database, ScenarioStore):
                     tables.candidates,
                     tables.jobs,
                     tables.scenario_settings,
+                    tables.review_items,
                     tables.releases,
                 ):
                     conn.execute(delete(table).where(table.c.scenario == name))

@@ -14,6 +14,7 @@ from reef.store.jobs import SQLJobs
 from reef.store.quotas import SQLQuotas
 from reef.store.records import SQLRecords
 from reef.store.reports import SQLReports
+from reef.store.review import SQLReview
 from reef.store.scenarios import SQLScenarios
 from reef.store.sessions import SQLSessions
 from reef.store.shadows import SQLShadows
@@ -55,6 +56,7 @@ class SQLStore(
     SQLShadows,
     SQLEngines,
     SQLEvents,
+    SQLReview,
     Store,
 ):
     """Every noun's SQL store on one SQLAlchemy engine (one pool, one set of transactions).

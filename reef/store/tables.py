@@ -449,6 +449,37 @@ class EventDeliveryRow(SQLModel, table=True):
     )
 
 
+class ReviewItemRow(SQLModel, table=True):
+    """The annotation queue (reef.review): one turn a person is asked to review, added once
+    by the first policy that picked it (`reason`). A reviewer takes it by a conditional
+    update (`claimed_by`, until `claimed_until`), then finishes it (`done`, with the report
+    their review stored) or skips it (`skipped`)."""
+
+    __tablename__ = "review_items"
+    __table_args__ = (
+        UniqueConstraint("scenario", "record_id", name="uq_review_items_record"),
+        Index("ix_review_items_queue", "scenario", "status", "created_at"),
+    )
+
+    id: str = Field(sa_column=Column("id", Key, primary_key=True))
+    scenario: str = Field(sa_column=Column("scenario", Key, nullable=False))
+    record_id: str = Field(sa_column=Column("record_id", Key, nullable=False))
+    reason: str = Field(sa_column=Column("reason", String, nullable=False))
+    created_at: datetime = Field(sa_column=Column("created_at", UTCDateTime, nullable=False))
+    status: str = Field(sa_column=Column("status", String, nullable=False))
+    claimed_by: str | None = Field(
+        default=None, sa_column=Column("claimed_by", String, nullable=True)
+    )
+    claimed_until: datetime | None = Field(
+        default=None, sa_column=Column("claimed_until", UTCDateTime, nullable=True)
+    )
+    done_by: str | None = Field(default=None, sa_column=Column("done_by", String, nullable=True))
+    done_at: datetime | None = Field(
+        default=None, sa_column=Column("done_at", UTCDateTime, nullable=True)
+    )
+    report_id: str | None = Field(default=None, sa_column=Column("report_id", Key, nullable=True))
+
+
 # Core handles on the tables: the store writes and reads through these (no ORM objects on
 # the hot path).
 scenarios: Table = SQLModel.metadata.tables["scenarios"]
@@ -465,3 +496,4 @@ scenario_settings: Table = SQLModel.metadata.tables["scenario_settings"]
 ui_sessions: Table = SQLModel.metadata.tables["ui_sessions"]
 engines: Table = SQLModel.metadata.tables["engines"]
 event_deliveries: Table = SQLModel.metadata.tables["event_deliveries"]
+review_items: Table = SQLModel.metadata.tables["review_items"]

@@ -41,6 +41,7 @@ def test_migration_creates_exactly_the_tables(store: SQLStore) -> None:
         "quota_counters",
         "event_deliveries",
         "scenario_settings",
+        "review_items",
     }
     for table in (
         tables.scenarios,

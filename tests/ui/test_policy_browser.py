@@ -71,6 +71,7 @@ def _pages(srv: InProcessReef, ids: dict[str, str]) -> list[str]:
         f"{s}/curves",
         f"{s}/jobs",
         f"{s}/settings",
+        f"{s}/queue",
         f"{s}/diff/{ids['harness']}",
         f"{s}/archive",
         f"{s}/readiness",

@@ -73,6 +73,10 @@ MESSAGES = {
     "rolled_back": ("rolled back: {id} is the head", "rolled back"),
     "evolve_requested": ("evolve requested", "evolve requested"),
     "settings_saved": ("settings saved", "settings saved: they apply from the next decision"),
+    "reviewed": ("review saved as {id}", "review saved"),
+    "taken": ("your next turn to review", "your next turn to review"),
+    "skipped": ("skipped: your next turn to review", "skipped"),
+    "queue_empty": ("the queue is empty: nothing left to review", "the queue is empty"),
 }
 _MESSAGE_ID = re.compile(r"[a-z]{2,8}_[0-9a-z]{26}")
 

@@ -27,7 +27,15 @@ async def overview(request: Request) -> Response:
     who = await viewer(request)
     scenarios = await call(svc.store.list_scenarios)
     rows = [await call(_row, svc, s.name) for s in scenarios if who.principal.may_use(s.name)]
-    return render(request, "overview.html", who, rows=rows, loop=svc.settings.reef)
+    queues = {row.name: await call(svc.store.queue_progress, row.name) for row in rows}
+    return render(
+        request,
+        "overview.html",
+        who,
+        rows=rows,
+        loop=svc.settings.reef,
+        queues={name: q for name, q in queues.items() if q.total},
+    )
 
 
 def _row(svc: Services, name: str) -> OverviewRow:

@@ -13,6 +13,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from reef.api.services import Services
 from reef.api.ui.pages.common import PAGE_SIZE, call, page, render, scoped
+from reef.api.ui.pages.review import review_context
 from reef.api.ui.signin import Viewer
 from reef.api.ui.views.records import archived_feedback, record_rows, turns
 from reef.errors import BadRequest, NotFound
@@ -136,6 +137,9 @@ async def _transcript(
     record's come from the archive too)."""
     if reports is None:
         reports = await call(svc.browse.reports_for, name, [r.id for r in chain])
+    reviewing = {"may_review": False}
+    if not archived:
+        reviewing = await review_context(request, svc, who, name, len(chain))
     return render(
         request,
         "session.html",
@@ -145,6 +149,7 @@ async def _transcript(
         session_id=session_id,
         archived=archived,
         turns=turns(chain, reports),
+        **reviewing,
     )
 
 

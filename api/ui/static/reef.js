@@ -38,3 +38,48 @@ document.addEventListener("submit", (ev) => {
   const msg = ev.target.dataset && ev.target.dataset.confirm;
   if (msg && !window.confirm(msg)) ev.preventDefault();
 });
+
+// A transcript's review forms, keyboard first: j/k the next/previous turn, 1-5 its score
+// (y/n: 5/1, or the first yes/no metric when the scenario declares one), e its correction,
+// Ctrl+Enter save. Keys typed into a field stay the field's (Escape leaves it).
+(() => {
+  const turns = [...document.querySelectorAll("li.turn")].filter((t) => t.querySelector("form.review"));
+  if (!turns.length) return;
+  let at = Math.max(0, turns.findIndex((t) => t.classList.contains("current") || "#" + t.id === location.hash));
+  const show = (i) => {
+    at = Math.min(turns.length - 1, Math.max(0, i));
+    turns.forEach((t, j) => t.classList.toggle("active", j === at));
+    turns[at].focus({ preventScroll: true });
+    turns[at].scrollIntoView({ block: "nearest" });
+  };
+  show(at);
+  const pick = (form, selector) => {
+    const input = form.querySelector(selector);
+    if (input) { input.checked = true; input.dispatchEvent(new Event("change", { bubbles: true })); }
+  };
+  document.addEventListener("keydown", (ev) => {
+    const field = ev.target.closest && ev.target.closest("textarea, input[type=number], select");
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) {  // save the turn's review
+      const own = ev.target.form && ev.target.form.matches("form.review") ? ev.target.form : null;
+      ev.preventDefault();
+      (own || turns[at].querySelector("form.review")).requestSubmit();
+      return;
+    }
+    if (field) {
+      if (ev.key === "Escape") { field.blur(); turns[at].focus({ preventScroll: true }); }
+      return;
+    }
+    if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
+    const form = turns[at].querySelector("form.review");
+    const yesNo = form.querySelector('fieldset.metric input[value="true"]');
+    if (ev.key === "j") show(at + 1);
+    else if (ev.key === "k") show(at - 1);
+    else if (/^[1-5]$/.test(ev.key)) pick(form, `input[name=score][data-key="${ev.key}"]`);
+    else if (ev.key === "y" || ev.key === "n") {
+      if (yesNo) pick(form, `input[name="${CSS.escape(yesNo.name)}"][value="${ev.key === "y"}"]`);
+      else pick(form, `input[name=score][data-key="${ev.key === "y" ? 5 : 1}"]`);
+    } else if (ev.key === "e") form.querySelector("textarea[data-role=correction]").focus();
+    else return;
+    ev.preventDefault();
+  });
+})();
