@@ -560,3 +560,21 @@ def test_sft_teaches_smollm2_short_answers(tmp_path: Path) -> None:
     before = obeys(*policy(model_dir))
     after = obeys(*policy(model_dir, tmp_path))
     assert after >= 0.5 and after > before, (before, after)
+
+
+def test_replay_scores_in_batches_equal_one_at_a_time(tiny: Path, sft_adapter: Path) -> None:
+    """The gate's replay reads its pool in padded batches with the vocabulary projection only
+    where answer tokens are predicted: the same log-probs as one sample at a time, for the base
+    and for a trained adapter, across a batch boundary and answers of different lengths."""
+    from reef.recipes import evaluate as ev
+
+    items = [
+        ([{"role": "user", "content": q}], answer)
+        for q in QUESTIONS
+        for answer in (GOOD, "A much longer answer that goes on for a while, on purpose.", "")
+    ]
+    items = (items * (ev.REPLAY_BATCH // len(items) + 2))[: ev.REPLAY_BATCH + 3]
+    for kind, path in (("base", None), ("adapter", sft_adapter)):
+        model, tokenizer = ev.load_model(tiny, kind, path)
+        one = [ev.answer_logprob(model, tokenizer, m, a) for m, a in items]
+        assert ev.answer_logprobs(model, tokenizer, items) == pytest.approx(one, abs=1e-5), kind
