@@ -37,6 +37,10 @@ class ScenarioSettingsIn(BaseModel):
         description="named metrics the scenario's reports may carry: "
         "{name: {type: boolean|float|categorical, range, values}}",
     )
+    review: dict[str, Any] = Field(
+        default_factory=dict,
+        description="review.* keys: the policies that fill the scenario's annotation queue",
+    )
     expected_version: int | None = Field(
         None,
         ge=0,
@@ -57,7 +61,7 @@ class ScenarioSettingsOut(BaseModel):
     scenario: str
     version: int = Field(description="the newest run-time version (0: none set)")
     effective: dict[str, Any] = Field(
-        description="reef, gate, judge and metrics as they apply now (configuration, then "
+        description="reef, gate, judge, review and metrics as they apply now (configuration, then "
         "run-time keys; secrets masked)"
     )
     history: list[SettingsChange] = Field(description="run-time versions, newest first (20)")
@@ -74,7 +78,7 @@ def settings_out(
         effective={
             **{
                 section: getattr(own, section).model_dump(mode="json")
-                for section in ("reef", "gate", "judge")
+                for section in ("reef", "gate", "judge", "review")
             },
             "metrics": {k: v.model_dump(mode="json") for k, v in own.metrics.items()},
         },

@@ -105,6 +105,21 @@ def test_bad_settings_are_400_naming_the_key(
     assert r.status_code == 400 and said in r.json()["error"]["message"], r.text
 
 
+def test_the_review_queue_policies_are_set_at_run_time(server: InProcessReef) -> None:
+    """review.* (what fills the scenario's annotation queue) changes as the other sections do:
+    applied over the configuration, shown among what applies now, a bad value 400."""
+    url = f"{server.url}/reef/scenarios/review-live"
+    made = httpx.post(
+        f"{server.url}/reef/scenarios", json={"name": "review-live"}, headers=_h(ADMIN)
+    )
+    assert made.status_code == 201, made.text
+    r = httpx.put(f"{url}/settings", json={"review": {"sample": 0.25}}, headers=_h(ADMIN))
+    assert r.status_code == 200, r.text
+    assert r.json()["effective"]["review"]["sample"] == 0.25
+    bad = httpx.put(f"{url}/settings", json={"review": {"sample": 2}}, headers=_h(ADMIN))
+    assert bad.status_code == 400 and "sample" in bad.json()["error"]["message"], bad.text
+
+
 def test_only_admins_read_or_change_settings(server: InProcessReef) -> None:
     url = f"{server.url}/reef/scenarios/team/settings"
     assert httpx.get(url, headers=_h(TEAM)).status_code == 403

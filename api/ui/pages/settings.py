@@ -31,7 +31,7 @@ def as_yaml(value: Any) -> str:
 
 
 def parse(text: str) -> dict[str, Any]:
-    """The form's YAML as run-time keys ({reef, gate, judge, metrics}), checked as the admin
+    """The form's YAML as run-time keys ({reef, gate, judge, metrics, review}), checked as the admin
     route checks its body (400 naming what is wrong)."""
     try:
         data = yaml.safe_load(text) if text.strip() else {}
@@ -39,7 +39,7 @@ def parse(text: str) -> dict[str, Any]:
         raise BadRequest(f"not YAML: {e}", code="invalid_settings", param="settings") from None
     if not isinstance(data, dict):
         raise BadRequest(
-            "the settings are a mapping of reef, gate, judge and metrics",
+            "the settings are a mapping of reef, gate, judge, metrics and review",
             code="invalid_settings",
             param="settings",
         )

@@ -147,7 +147,7 @@ class Change:
 
 
 def change(chain: list[Release], series: Series) -> Change | None:
-    """The series' first and latest value (None with fewer than one value)."""
+    """The series' first and latest value (None when it has none)."""
     known = [(r.seq, v) for r, v in zip(chain, series.values, strict=True) if v is not None]
     if not known:
         return None
