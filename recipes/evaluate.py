@@ -134,9 +134,7 @@ def answer_logprobs(
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in part])
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in part])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep
-        ).logits.float()
+        logits = _last_logits(model, input_ids, mask, positions, keep)
         logp = torch.log_softmax(logits[:, :-1], dim=-1)  # predicts the last keep-1 tokens
         for row, (ids, n) in enumerate(part):
             if n <= 0:
@@ -146,6 +144,18 @@ def answer_logprobs(
             token_lp = logp[row, -n:].gather(1, target.unsqueeze(1)).squeeze(1)
             out.append(float(token_lp.mean()))
     return out
+
+
+def _last_logits(model: Any, input_ids: Any, mask: Any, positions: Any, keep: int) -> Any:
+    """The logits of the last `keep` positions; a model whose forward does not take
+    `logits_to_keep` computes them all, then they are cut (the same numbers, more work)."""
+    try:
+        out = model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep
+        )
+    except TypeError:
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions)
+    return out.logits[:, -keep:].float()
 
 
 def replay_scores(model: Any, tokenizer: Any, samples: Sequence[EvalSample]) -> list[float]:
