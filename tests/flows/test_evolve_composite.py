@@ -18,6 +18,10 @@ from reef.cli.testing import InProcessReef
 from reef.harness import Harness
 from reef.testing.traffic import traffic
 
+# Three whole evolve runs (Prefect, MLflow, training, deploy) on the tiny model: the loop stage
+# (make test-loop), which keeps make test within its time.
+pytestmark = pytest.mark.loop
+
 WANTED = "Paris is the capital of France."
 PASS = {"policy": "always"}
 FAIL = {"policy": "improve", "margin": 1000.0}  # no mean improvement reaches it
