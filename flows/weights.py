@@ -12,6 +12,7 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,36 @@ def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
         return recipe.train(job, progress)
 
 
+# The head's replay log-probs per sample, across rounds: a release's weights never change, and
+# the gate scores the same head on a pool that mostly stays from one round to the next (every
+# round while candidates are rejected). A few releases at a time, the latest kept.
+_HEAD_LOGPROBS: dict[str, dict[str, float]] = {}
+_HEAD_LOCK = threading.Lock()
+HEAD_RELEASES_KEPT = 8
+
+
+def head_logprobs(
+    release_id: str, samples: list[Any], compute: Callable[[list[Any]], list[float]]
+) -> list[float]:
+    """The replay log-probs of `samples` under release `release_id`: those this process has
+    computed for that release before, the others by `compute(missing_samples)`."""
+    from reef.recipes import evaluate as ev
+
+    keys = [ev.replay_key(s) for s in samples]
+    with _HEAD_LOCK:
+        known = dict(_HEAD_LOGPROBS.get(release_id, {}))
+    missing = [i for i, k in enumerate(keys) if k not in known]
+    if missing:
+        for i, lp in zip(missing, compute([samples[i] for i in missing]), strict=True):
+            known[keys[i]] = lp
+    with _HEAD_LOCK:
+        _HEAD_LOGPROBS.pop(release_id, None)
+        _HEAD_LOGPROBS[release_id] = known  # the newest last
+        while len(_HEAD_LOGPROBS) > HEAD_RELEASES_KEPT:
+            _HEAD_LOGPROBS.pop(next(iter(_HEAD_LOGPROBS)))
+    return [known[k] for k in keys]
+
+
 @task(retries=0, cache_policy=NO_CACHE)
 def evaluate(
     recipe: WeightsRecipe,
@@ -130,22 +161,38 @@ def evaluate(
     if not samples and not guards:
         return Evaluation("none", [], [], [], 0.0)
 
-    def scores(kind: str, path: Path | None) -> tuple[list[float], dict[str, list[float]]]:
-        """The model's scores on the evaluation set and on each guard's tasks (loaded once)."""
-        loaded, tokenizer = ev.load_model(model, kind, path)
+    def scores(
+        kind: str, path: Path | None, release_id: str | None = None
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """The model's scores on the evaluation set and on each guard's tasks (loaded once, and
+        only when needed: a head whose replay log-probs are all known and that no guard
+        checks is not loaded at all)."""
+        got: list[Any] = []
+
+        def loaded() -> tuple[Any, Any]:
+            if not got:
+                got.extend(ev.load_model(model, kind, path))
+            return got[0], got[1]
+
         on_guards = {
-            name: ev.task_scores(loaded, tokenizer, tasks, guard, gate_cfg.max_tokens)[0]
+            name: ev.task_scores(*loaded(), tasks, guard, gate_cfg.max_tokens)[0]
             for name, tasks, guard in guards
         }
         if not samples:
             return [], on_guards
         if method == "replay":
-            return ev.replay_scores(loaded, tokenizer, samples), on_guards
+            if release_id is None:
+                lps = ev.replay_logprobs(*loaded(), samples)
+            else:
+                lps = head_logprobs(
+                    release_id, samples, lambda todo: ev.replay_logprobs(*loaded(), todo)
+                )
+            return ev.centered(lps, samples), on_guards
         assert scorer is not None
-        main = ev.task_scores(loaded, tokenizer, samples, scorer, gate_cfg.max_tokens)[0]
+        main = ev.task_scores(*loaded(), samples, scorer, gate_cfg.max_tokens)[0]
         return main, on_guards
 
-    head_scores, head_guards = scores(head.kind, head_path)
+    head_scores, head_guards = scores(head.kind, head_path, head.id)
     cand_scores, cand_guards = scores(candidate.kind, candidate.path)
     return Evaluation(
         method if samples else "none",

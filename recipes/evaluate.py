@@ -15,6 +15,7 @@ Two ways, chosen by what the scenario has:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -167,11 +168,26 @@ def replay_scores(model: Any, tokenizer: Any, samples: Sequence[EvalSample]) -> 
     difference averages to (gain on rewarded − gain on unrewarded) / 2. With one group only,
     the center is 0 and a gain on the wanted answers is the improvement.
     """
+    return centered(replay_logprobs(model, tokenizer, samples), samples)
+
+
+def replay_logprobs(model: Any, tokenizer: Any, samples: Sequence[EvalSample]) -> list[float]:
+    """Each replay sample's answer's mean log-prob under `model` (answer_logprobs)."""
     items = []
     for s in samples:
         assert s.answer is not None
         items.append((s.messages, s.answer))
-    lps = answer_logprobs(model, tokenizer, items)
+    return answer_logprobs(model, tokenizer, items)
+
+
+def replay_key(sample: EvalSample) -> str:
+    """What a replay sample's log-prob depends on besides the model: its prompt and answer."""
+    body = json.dumps([sample.messages, sample.answer], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def centered(lps: Sequence[float], samples: Sequence[EvalSample]) -> list[float]:
+    """replay_scores from the samples' log-probs (see there)."""
     pos = [lp for lp, s in zip(lps, samples, strict=True) if s.sign > 0]
     neg = [lp for lp, s in zip(lps, samples, strict=True) if s.sign < 0]
     center = (sum(pos) / len(pos) + sum(neg) / len(neg)) / 2 if pos and neg else 0.0

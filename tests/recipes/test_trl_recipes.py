@@ -578,3 +578,29 @@ def test_replay_scores_in_batches_equal_one_at_a_time(tiny: Path, sft_adapter: P
         model, tokenizer = ev.load_model(tiny, kind, path)
         one = [ev.answer_logprob(model, tokenizer, m, a) for m, a in items]
         assert ev.answer_logprobs(model, tokenizer, items) == pytest.approx(one, abs=1e-5), kind
+
+
+def test_the_heads_replay_logprobs_are_computed_once_per_sample(tiny: Path) -> None:
+    """The gate scores the same head on a pool that mostly stays between rounds: the head's
+    log-probs are kept per release and sample, and only samples new to it are read again."""
+    from reef.flows.weights import head_logprobs
+    from reef.recipes import evaluate as ev
+
+    model, tokenizer = ev.load_model(tiny, "base", None)
+    pool = [
+        ev.EvalSample(f"s{i}", [{"role": "user", "content": q}], GOOD, 1.0)
+        for i, q in enumerate(QUESTIONS)
+    ]
+    read: list[int] = []
+
+    def compute(todo: list[ev.EvalSample]) -> list[float]:
+        read.append(len(todo))
+        return ev.replay_logprobs(model, tokenizer, todo)
+
+    first = head_logprobs("rel_head", pool[:3], compute)
+    again = head_logprobs("rel_head", pool, compute)  # the pool grew by the rest
+    assert read == [3, len(pool) - 3]
+    assert again[:3] == first
+    assert again == pytest.approx(ev.replay_logprobs(model, tokenizer, pool), abs=1e-5)
+    head_logprobs("rel_other", pool[:1], compute)  # another release: read afresh
+    assert read[-1] == 1
