@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,6 @@ def _rss() -> int:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return 0
-    import os
-
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -208,7 +207,6 @@ def tie_temporary_server() -> None:
 def _tied_server_class() -> type[Any]:
     """Prefect's temporary server, started through `_DIE_WITH_PARENT` (a class made on first
     use: prefect is imported lazily)."""
-    import os
     import subprocess
     import sys
     import threading

@@ -84,25 +84,6 @@ def task_samples(path: Path) -> list[EvalSample]:
     return [EvalSample(t.task_id, t.messages, columns=t.columns) for t in task_set(path)]
 
 
-@torch.inference_mode()
-def answer_logprob(
-    model: Any, tokenizer: Any, messages: list[dict[str, Any]], answer: str
-) -> float:
-    """Mean log-prob per token of `answer` as the assistant's reply to `messages`."""
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    full = prompt + answer + (tokenizer.eos_token or "")
-    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    ids = tokenizer(full, add_special_tokens=False)["input_ids"]
-    n = len(ids) - len(p_ids)
-    if n <= 0:
-        return 0.0
-    logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1)
-    target = torch.tensor(ids[1:])
-    token_lp = logp.gather(1, target.unsqueeze(1)).squeeze(1)[-n:]
-    return float(token_lp.mean())
-
-
 # Answers scored in one forward pass (replay): on the CPU a batch of short sequences costs
 # little more than one of them, so the gate's pool (up to gate.pool_max samples, for the head
 # and the candidate) is read in a few passes instead of one per sample.
@@ -113,7 +94,8 @@ REPLAY_BATCH = 16
 def answer_logprobs(
     model: Any, tokenizer: Any, items: Sequence[tuple[list[dict[str, Any]], str]]
 ) -> list[float]:
-    """`answer_logprob` of each (messages, answer), REPLAY_BATCH at a time, with the vocabulary
+    """Per (messages, answer): the mean log-prob per token of `answer` (and the end of turn) as
+    the assistant's reply to `messages`, REPLAY_BATCH at a time, with the vocabulary
     projection and its softmax computed only where answer tokens are predicted (the prompt's
     positions are most of a sequence, and the projection onto 49k tokens a fifth of the model's
     work). Sequences are padded on the left with an attention mask and their own positions, so

@@ -562,6 +562,23 @@ def test_sft_teaches_smollm2_short_answers(tmp_path: Path) -> None:
     assert after >= 0.5 and after > before, (before, after)
 
 
+def one_at_a_time(model: Any, tokenizer: Any, messages: list[dict[str, Any]], answer: str) -> float:
+    """The reference for the gate's batched replay: one sequence, every position's logits."""
+    import torch
+
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    full = prompt + answer + (tokenizer.eos_token or "")
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+    n = len(ids) - len(p_ids)
+    if n <= 0:
+        return 0.0
+    with torch.no_grad():
+        logp = model(input_ids=torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)
+    token_lp = logp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)[-n:]
+    return float(token_lp.mean())
+
+
 def test_replay_scores_in_batches_equal_one_at_a_time(tiny: Path, sft_adapter: Path) -> None:
     """The gate's replay reads its pool in padded batches with the vocabulary projection only
     where answer tokens are predicted: the same log-probs as one sample at a time, for the base
@@ -576,7 +593,7 @@ def test_replay_scores_in_batches_equal_one_at_a_time(tiny: Path, sft_adapter: P
     items = (items * (ev.REPLAY_BATCH // len(items) + 2))[: ev.REPLAY_BATCH + 3]
     for kind, path in (("base", None), ("adapter", sft_adapter)):
         model, tokenizer = ev.load_model(tiny, kind, path)
-        one = [ev.answer_logprob(model, tokenizer, m, a) for m, a in items]
+        one = [one_at_a_time(model, tokenizer, m, a) for m, a in items]
         assert ev.answer_logprobs(model, tokenizer, items) == pytest.approx(one, abs=1e-5), kind
 
 
