@@ -169,6 +169,9 @@ def to_openai(body: dict[str, Any]) -> dict[str, Any]:
         ]
     if body.get("tool_choice"):
         out["tool_choice"] = _tool_choice(body["tool_choice"])
+    response_format = _output_format(body.get("output_config"))
+    if response_format is not None:
+        out["response_format"] = response_format
     if body.get("stream"):
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
@@ -343,3 +346,22 @@ class StreamTranslator:
     @staticmethod
     def stop() -> tuple[str, dict[str, Any]]:
         return ("message_stop", {"type": "message_stop"})
+
+
+def _output_format(config: Any) -> dict[str, Any] | None:
+    """Anthropic's structured output (`output_config.format`, a JSON schema) as OpenAI's
+    `response_format`; None when the request asks for none. `effort` is accepted and left out:
+    no engine here reasons."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise BadRequest("output_config must be an object", param="output_config")
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise BadRequest(
+            'output_config.format must be {"type": "json_schema", "schema": {...}}',
+            param="output_config.format",
+        )
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}

@@ -15,8 +15,9 @@ the Responses bodies the client saw.
   engines have none). Tools: `function` tools, and the functions of `namespace` tools; hosted
   tools (web search, file search, …) are left out, as no engine here runs them; others are a
   400.
-- `reasoning`, `store`, `metadata`, `truncation`, `include`, `text` (plain text format) are
-  accepted; what the engine cannot do is left out.
+- `reasoning`, `store`, `metadata`, `truncation`, `include`, `text` are accepted;
+  `text.format` (JSON object or schema) becomes the chat body's `response_format`; what the
+  engine cannot do is left out.
 """
 
 from __future__ import annotations
@@ -263,6 +264,9 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -
             out["tool_choice"] = _tool_choice(body["tool_choice"])
         if body.get("parallel_tool_calls") is not None:
             out["parallel_tool_calls"] = bool(body["parallel_tool_calls"])
+    response_format = _text_format(body.get("text"))
+    if response_format is not None:
+        out["response_format"] = response_format
     if body.get("top_logprobs"):
         out["logprobs"] = True
         out["top_logprobs"] = body["top_logprobs"]
@@ -270,6 +274,18 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
     return out
+
+
+def _text_format(text: Any) -> dict[str, Any] | None:
+    """The Responses `text.format` as a chat body's `response_format` (None for plain text):
+    `{"type": "json_schema", "name", "schema", "strict"}` keeps its fields one level down."""
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_schema":
+        spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": spec}
+    return dict(fmt)  # json_object, or a type the engine will refuse by name
 
 
 # output ---------------------------------------------------------------------------------------

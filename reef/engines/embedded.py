@@ -41,6 +41,7 @@ from reef.engines.base import VERIFY_MESSAGES, VERIFY_TOKENS, Completion
 from reef.engines.batch import Batch
 from reef.engines.defaults import generation_defaults, sampling_record, with_defaults
 from reef.engines.detokenize import Detokenizer, TokenText
+from reef.engines.grammar import Constraint, Grammars
 from reef.engines.packed import Products, calibrate, pack_linears
 from reef.engines.prompt import ChatRenderer
 from reef.engines.response import ResponseBuilder, TokenEvent
@@ -105,6 +106,7 @@ class EmbeddedEngine:
         # ---- set while loading (a worker thread), read-only afterwards
         self._model: Any = None  # the base model; the scheduler wraps it in PEFT for adapters
         self._tokenizer: Any = None
+        self._grammars: Grammars | None = None
         self._renderer: ChatRenderer | None = None
         self._pad_id = 0
         self._linear_shapes: dict[str, tuple[int, int]] = {}  # base Linear -> (in, out) features
@@ -305,6 +307,7 @@ class EmbeddedEngine:
             if isinstance(m, torch.nn.Linear)
         }
         self._tokenizer = tokenizer
+        self._grammars = Grammars(tokenizer, config.vocab_size, _eos_ids(tokenizer, model))
         self._renderer = ChatRenderer(tokenizer)
         self._model = model
         self._base = Variant(self.model_id, model)
@@ -390,6 +393,7 @@ class EmbeddedEngine:
         self._variant(body.get("model"))  # an unknown name fails before any rendering
         sampled, filled = with_defaults(body, self.sampling_defaults)
         params = SamplingParams.from_body(sampled)
+        constraint = await self._constraint(body.get("response_format"))
         render = partial(self._render, renderer, body, params.max_tokens)
         if _text_chars(body) <= INLINE_PROMPT_CHARS:
             count, prompt_ids = render()
@@ -415,9 +419,17 @@ class EmbeddedEngine:
             sampling=sampling_record(
                 {"temperature": params.temperature, "top_p": params.top_p}, filled
             ),
+            constraint=constraint,
         )
         scheduler.submit(req)
         return req
+
+    async def _constraint(self, response_format: Any) -> Constraint | None:
+        """The request's structured-output matcher (reef.engines.grammar), compiled off the
+        event loop: a large schema takes a while."""
+        if response_format is None or self._grammars is None:
+            return None
+        return await asyncio.to_thread(self._grammars.constraint, response_format)
 
     def _render(
         self, renderer: ChatRenderer, body: dict[str, Any], max_tokens: int | None

@@ -24,6 +24,7 @@ import torch
 from reef.engines import fused
 from reef.engines.batch import Batch, Prefill
 from reef.engines.detokenize import Detokenizer, TokenText
+from reef.engines.grammar import Constraint
 from reef.engines.planner import Group, Progress, Read, RoundPlan, Unit
 from reef.engines.prefixes import Hit, PrefixCache
 from reef.engines.response import TokenEvent
@@ -74,9 +75,11 @@ class Request:
         *,
         check_finite: bool = False,
         sampling: dict[str, Any] | None = None,
+        constraint: Constraint | None = None,
     ):
         self.prompt_ids = prompt_ids
         self.params = params
+        self.constraint = constraint  # a structured output's matcher (reef.engines.grammar)
         self.sampling = sampling  # what the record keeps of it (Completion.sampling)
         self.loop = loop
         self.variant = variant  # fixed at submission: loads and unloads do not move a request
@@ -381,7 +384,8 @@ class Runner:
 
     def _advance(self, rows: list[Request], logits: torch.Tensor) -> list[int]:
         """Sample each row's next token, send it, and return the indices of rows still running."""
-        picks = sample_rows(logits, [r.params for r in rows], [r.generator for r in rows])
+        masks = [r.constraint.allowed() if r.constraint else None for r in rows]
+        picks = sample_rows(logits, [r.params for r in rows], [r.generator for r in rows], masks)
         now = time.monotonic()
         keep = []
         events: list[tuple[Request, TokenEvent]] = []
@@ -398,8 +402,10 @@ class Runner:
             self.stats.tokens_generated += 1
             eos = pick.token_id in self._eos_ids
             text = "" if eos else r.detok.add(pick.token_id)
+            if not eos and r.constraint is not None and not self._constrained(r, pick.token_id):
+                continue
             finish = None
-            if r.detok.stopped or eos:
+            if r.detok.stopped or eos or (r.constraint is not None and r.constraint.complete):
                 finish = "stop"
             elif r.generated >= (r.params.max_tokens or 0):
                 finish = "length"
@@ -416,6 +422,17 @@ class Runner:
             )
         _post_all(events)
         return keep
+
+    def _constrained(self, r: Request, token_id: int) -> bool:
+        """Advance a structured output's matcher; False (and the request failed) if it cannot
+        go on, which a mask built by that matcher should never let happen."""
+        assert r.constraint is not None
+        r.constraint.accept(token_id)
+        error = r.constraint.error
+        if error is None:
+            return True
+        self.fail(r, EngineError(f"the structured output could not go on: {error}"))
+        return False
 
     def _logprob_entry(self, pick: Sampled) -> dict[str, Any]:
         text_of = self._token_text

@@ -119,22 +119,30 @@ class Sampled:
 
 
 def sample_rows(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+    allowed: list[torch.Tensor | None] | None = None,
 ) -> list[Sampled]:
-    """Choose one token per row of `logits` [rows, vocab].
+    """Choose one token per row of `logits` [rows, vocab]; a row with an `allowed` mask (a
+    structured output, reef.engines.grammar) draws only among the tokens it lets through.
 
     Log-probs always come from the unmodified distribution (log_softmax of the raw logits, no
-    temperature, no top-p), as vLLM reports them: that is what a learning recipe compares
-    against its own policy. Temperature and top-p only shape which token is drawn.
+    temperature, no top-p, no mask), as vLLM reports them: that is what a learning recipe
+    compares against its own policy. Temperature, top-p and the mask only shape which token is
+    drawn.
     """
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)
+    drawn_from = (
+        _masked(logits, allowed) if allowed and any(m is not None for m in allowed) else logits
+    )
     # Greedy rows in one argmax over the batch; sampled rows one by one (each its own stream).
-    chosen: list[int] = logits.argmax(dim=-1).tolist()
+    chosen: list[int] = drawn_from.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.temperature < GREEDY_BELOW:
             continue
-        probs = torch.softmax(logits[i] / p.temperature, dim=-1)
+        probs = torch.softmax(drawn_from[i] / p.temperature, dim=-1)
         if p.top_p < 1:
             probs = _top_p(probs, p.top_p)
         chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
@@ -153,6 +161,15 @@ def sample_rows(
             alternatives = list(zip(top_ids[i][:k_i], top_values[i][:k_i], strict=True))
         capture = (top_ids[i][:CAPTURE_TOPK], top_values[i][:CAPTURE_TOPK])
         out.append(Sampled(chosen[i], picked[i], alternatives, capture))
+    return out
+
+
+def _masked(logits: torch.Tensor, allowed: list[torch.Tensor | None]) -> torch.Tensor:
+    """A copy of `logits` with each masked row's forbidden tokens at -inf."""
+    out = logits.clone()
+    for i, mask in enumerate(allowed):
+        if mask is not None:
+            out[i].masked_fill_(~mask, float("-inf"))
     return out
 
 
