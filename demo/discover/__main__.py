@@ -51,12 +51,19 @@ def server_config(cfg: Config, params: dict[str, Any], engine: dict[str, Any]) -
         # every rollout of a step in one batch
         "engine": {
             **engine,
-            "embedded": {"max_batch_size": cfg.groups * cfg.rollouts, **engine.get("embedded", {})},
+            "embedded": {
+                "max_batch_size": cfg.groups * cfg.rollouts,
+                # a group's R rollouts share their whole prompt: read it once
+                "prefix_cache_mb": 64,
+                **engine.get("embedded", {}),
+            },
         },
         "reef": {
             "recipe": "tttd",
             "batch_size": cfg.groups * cfg.rollouts,  # the barrier: one full grid
             "max_staleness": 0,  # only rollouts of the served release train (§0.2)
+            # the rollouts wait on the step's release (the barrier): training has every core
+            "train_threads": os.cpu_count() or 1,
             "params": {
                 "groups_per_step": cfg.groups,
                 "rollouts_per_group": cfg.rollouts,
@@ -172,6 +179,13 @@ def parser() -> argparse.ArgumentParser:
         choices=ACTIONS,
         help="what a rollout answers (default: discover.action of -c FILE, else program)",
     )
+    p.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the engine enforces the edits schema while decoding (response_format; default: "
+        "discover.constrained of -c FILE, else off)",
+    )
     p.add_argument("--seeds", default="0", help="comma-separated run seeds (default 0)")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated: ttt,search,random")
     p.add_argument("--model", default="smollm2")
@@ -237,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
         state_dir / "reef",
         args.model,
         server_config(cfg, params, engine),
-        env={"OMP_NUM_THREADS": "1"},  # the evolve worker trains on one thread
     )
     artifacts = open_artifacts(
         args.archive_store or state_dir / "reef" / "artifacts", endpoint_url=args.s3_endpoint_url
@@ -252,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "n": cfg.n,
         "action": cfg.action,
+        "constrained": cfg.constrained,
         "grid": f"{cfg.groups}x{cfg.rollouts}",
         "steps": cfg.steps,
         "seeds": seeds,
@@ -270,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         runs,
         baseline,
         state_dir / "discover.png",
-        f"TTT-Discover, {cfg.n} circles, {args.model}, action {cfg.action}, "
+        f"TTT-Discover, {cfg.n} circles, {args.model}, action {cfg.action}"
+        f"{' (constrained)' if cfg.constrained else ''}, "
         f"{cfg.groups}x{cfg.rollouts} x {cfg.steps} steps, seeds {args.seeds}",
     )
     if args.docs:
@@ -289,6 +304,7 @@ def config(args: argparse.Namespace) -> Config:
     return Config(
         n=args.n,
         action=args.action or settings.action,
+        constrained=settings.constrained if args.constrained is None else args.constrained,
         groups=args.groups,
         rollouts=args.rollouts,
         steps=args.steps,

@@ -220,6 +220,57 @@ def judge(action: str, text: str, n: int, parent: str, limits: Limits) -> Judged
     return _judge_circles(outcome.result[0], outcome.result[1], n, outcome.seconds)
 
 
+# structured outputs --------------------------------------------------------------------------
+MOVE = 0.1  # the largest nudge either way: the random proposer's range too
+MAX_R = 0.25  # the largest radius a place may set: the random proposer's range too
+CONSTRAINED_EDITS = 3  # a constrained answer's most edits: the random proposer draws 1-3
+
+
+STEP = 0.01  # the numbers' grid: the random proposer's too
+
+
+def _num(low: float, high: float) -> dict[str, Any]:
+    return {"type": "number", "minimum": low, "maximum": high, "multipleOf": STEP}
+
+
+def edits_schema(n: int) -> dict[str, Any]:
+    """The JSON schema of an `edits` answer for N = n: 1 to CONSTRAINED_EDITS edits, each one
+    operation's exact keys, the circle index in 0..n−1 and each number on the 0.01 grid in the
+    range the random proposer draws from, so a constrained model and the random arm share one
+    action space (and a number cannot run on digit after digit)."""
+    index = {"type": "integer", "minimum": 0, "maximum": n - 1}
+
+    def op(name: str, **numbers: dict[str, Any]) -> dict[str, Any]:
+        keys = {"op": {"const": name}, "i": index, **numbers}
+        return {
+            "type": "object",
+            "properties": keys,
+            "required": list(keys),
+            "additionalProperties": False,
+        }
+
+    return {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": CONSTRAINED_EDITS,
+        "items": {
+            "anyOf": [
+                op("nudge", dx=_num(-MOVE, MOVE), dy=_num(-MOVE, MOVE)),
+                op("grow"),
+                op("place", x=_num(0, 1), y=_num(0, 1), r=_num(0, MAX_R)),
+            ]
+        },
+    }
+
+
+def response_format(action: str, n: int) -> dict[str, Any] | None:
+    """What a constrained rollout asks the engine to enforce: the `edits` schema (OpenAI's
+    `response_format`); None for the formats that have none."""
+    if action != "edits":
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "edits", "schema": edits_schema(n)}}
+
+
 # prompts -----------------------------------------------------------------------------------
 OPS_TEXT = (
     "nudge(i, dx, dy) moves circle i by (dx, dy) and makes it as large as fits there; "
@@ -245,27 +296,50 @@ ASK = {
 }
 
 
-def _task(action: str, n: int, state: str, reward: float) -> str:
+# A constrained answer is the bare JSON list (the schema admits nothing around it), so its
+# example and request say so.
+CONSTRAINED_EXAMPLE = '[{"op": "nudge", "i": 0, "dx": 0.05, "dy": 0.0}, {"op": "grow", "i": 0}]'
+CONSTRAINED_ASK = (
+    f"Reply with a JSON list of 1 to {CONSTRAINED_EDITS} edits, like the example: "
+    '{"op": "nudge", "i": i, "dx": dx, "dy": dy} moves circle i by (dx, dy) and makes it as '
+    'large as fits there; {"op": "grow", "i": i} makes circle i as large as fits; '
+    '{"op": "place", "i": i, "x": x, "y": y, "r": r} sets circle i exactly.'
+)
+
+
+def _task(ask: str, n: int, state: str, reward: float) -> str:
     return (
         f"Place {n} circles inside the unit square [0,1]x[0,1] without overlap to maximise the "
         f"sum of their radii. Current circles (i: x y r), sum of radii = {reward:.4f}:\n{state}"
-        f"Change them to make the sum larger. {ASK[action]}"
+        f"Change them to make the sum larger. {ask}"
     )
 
 
-def prompt(action: str, n: int, state: str | None, reward: float, output: str) -> list[dict]:
+def prompt(
+    action: str,
+    n: int,
+    state: str | None,
+    reward: float,
+    output: str,
+    *,
+    constrained: bool = False,
+) -> list[dict]:
     """The chat messages of one group's rollouts: the task and the parent shown the way
     `action` needs, after one example turn in the same format (the program format's prompt is
-    packing.prompt's, unchanged)."""
+    packing.prompt's, unchanged). `constrained`: the answer is the bare JSON the engine
+    enforces (`response_format`), not a fenced block."""
     if action == "program":
         return packing.prompt(n, state, reward, output)
     if state is None:
         raise ValueError(f"the {action} format edits a parent: seed the archive with circles")
+    ask, example = ASK[action], EXAMPLE_ANSWER[action]
+    if constrained:
+        ask, example = CONSTRAINED_ASK, CONSTRAINED_EXAMPLE
     return [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": _task(action, 4, EXAMPLE_STATE, 1.0)},
-        {"role": "assistant", "content": EXAMPLE_ANSWER[action]},
-        {"role": "user", "content": _task(action, n, state, reward)},
+        {"role": "user", "content": _task(ask, 4, EXAMPLE_STATE, 1.0)},
+        {"role": "assistant", "content": example},
+        {"role": "user", "content": _task(ask, n, state, reward)},
     ]
 
 

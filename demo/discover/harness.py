@@ -54,10 +54,13 @@ class Config:
     release_timeout_s: float = 900.0
     action: str = "program"  # what a rollout answers: demo/discover/actions.py
     seed: int = 0  # the run's sampling seeds (each rollout's) and the random proposer's
+    constrained: bool = False  # the engine enforces the action's schema (edits only)
 
     def __post_init__(self) -> None:
         if self.action not in actions.ACTIONS:
             raise ValueError(f"action must be one of {', '.join(actions.ACTIONS)}")
+        if self.constrained and actions.response_format(self.action, self.n) is None:
+            raise ValueError(f"the {self.action} action has no schema to enforce: edits has")
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class Reef:
         self, messages: list[dict[str, str]], cfg: Config, seed: int | None = None
     ) -> tuple[str, str, str]:
         """(text, receipt, release id) of one rollout."""
+        fmt = actions.response_format(cfg.action, cfg.n) if cfg.constrained else None
         raw = self.client.chat.completions.with_raw_response.create(
             model=self.model,
             messages=messages,  # type: ignore[arg-type]
@@ -107,6 +111,7 @@ class Reef:
             temperature=cfg.temperature,
             top_p=1.0,
             seed=seed,
+            extra_body={"response_format": fmt} if fmt else None,
         )
         text = raw.parse().choices[0].message.content or ""
         return text, raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]
@@ -271,7 +276,10 @@ def _answers(
 
     def ask(job: tuple[int, int, State], seed: int) -> tuple[str, str, str]:
         p = job[2]
-        return reef.chat(actions.prompt(cfg.action, cfg.n, p.program, p.value, p.output), cfg, seed)
+        messages = actions.prompt(
+            cfg.action, cfg.n, p.program, p.value, p.output, constrained=cfg.constrained
+        )
+        return reef.chat(messages, cfg, seed)
 
     with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
         return list(ex.map(ask, jobs, seeds))

@@ -30,6 +30,13 @@ class DiscoverSettings(BaseModel):
         "the place/grow/nudge helpers, run in the sandbox) or `coords` (the parent's circles "
         "rewritten). `--action` overrides it.",
     )
+    constrained: bool = Field(
+        False,
+        description="ask the engine to enforce the action's JSON schema while it decodes "
+        "(`response_format`; `edits` only): every answer is then a well-formed edit list in the "
+        "random proposer's ranges (1-3 edits, moves within ±0.1, radii ≤ 0.25), and the "
+        "exact verifier still judges the packing. `--constrained` overrides it.",
+    )
 
 
 def load(path: Path | None) -> DiscoverSettings:

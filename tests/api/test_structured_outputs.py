@@ -169,3 +169,35 @@ def test_a_format_that_cannot_be_enforced_is_a_400_and_nothing_is_recorded(
     error = answer.json()["error"]
     assert error["param"] == "response_format" and says in error["message"]
     assert records_of(server, scenario) == []
+
+
+def test_the_discovery_demos_constrained_rollouts_are_edit_lists(server: InProcessReef) -> None:
+    """The discovery demo's harness asks with its edits schema (`--constrained`); the tiny
+    model, which writes no JSON of its own, answers lists the demo parses; the verifier alone
+    decides whether the packing is valid."""
+    from demo.discover import actions
+    from demo.discover.harness import Config, Reef
+    from demo.discover.sandbox import Limits
+
+    n, scenario = 6, "discover-constrained"
+    parent = actions.seed_state(n)
+    reef = Reef(server.url, scenario, "tiny")
+    cfg = Config(n=n, action="edits", constrained=True, max_tokens=96, temperature=1.0)
+    try:
+        answers = [
+            reef.chat(actions.prompt("edits", n, parent, 0.9997, "", constrained=True), cfg, s)
+            for s in range(4)
+        ]
+        plain = Config(n=n, action="edits", max_tokens=32, temperature=1.0)
+        unconstrained, _, _ = reef.chat(actions.prompt("edits", n, parent, 0.9997, ""), plain, 0)
+    finally:
+        reef.close()
+    record = records_of(server, scenario)[0]
+    assert record["request"]["response_format"] == actions.response_format("edits", n)
+    for text, _, _ in answers:
+        edits = actions.parse_edits(text, n)  # raises on anything but a well-formed list
+        assert 1 <= len(edits) <= actions.CONSTRAINED_EDITS
+        verdict = actions.judge("edits", text, n, parent, Limits(wall_s=10)).verdict
+        assert verdict.valid or "overlap" in verdict.reason or "square" in verdict.reason
+    with pytest.raises(actions.ActionError):
+        actions.parse_edits(unconstrained, n)

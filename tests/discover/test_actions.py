@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,50 @@ def test_a_release_records_the_best_edit_answer_too() -> None:
     answer = 'Here:\n```json\n[{"op": "grow", "i": 0}]\n```\nDone.'
     assert last_program(answer) == '[{"op": "grow", "i": 0}]\n'
     assert last_program("```python\nx = 1\n```") == "x = 1\n"
+
+
+def _exact(value: object) -> object:
+    """JSON numbers as Decimals: multipleOf 0.01 is exact there (0.07 / 0.01 is not 7 in
+    floating point)."""
+    return json.loads(json.dumps(value), parse_float=Decimal)
+
+
+def test_the_edits_schema_is_the_random_proposers_action_space() -> None:
+    import jsonschema
+
+    schema = _exact(actions.edits_schema(N))
+    rng = random.Random(3)
+    for _ in range(300):  # every random proposal is an answer the schema admits
+        jsonschema.validate(_exact(actions.random_edits(rng, N)), schema)
+    for outside in (
+        [{"op": "nudge", "i": 0, "dx": 0.015, "dy": 0.0}],
+        [],
+        [{"op": "grow", "i": N}],
+        [{"op": "nudge", "i": 0, "dx": 0.2, "dy": 0.0}],
+        [{"op": "place", "i": 0, "x": 0.5, "y": 0.5, "r": 0.3}],
+        [{"op": "grow", "i": 0, "dx": 0.0}],
+        [{"op": "grow", "i": 0}] * (actions.CONSTRAINED_EDITS + 1),
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(_exact(outside), schema)
+    assert actions.response_format("edits", N) == {
+        "type": "json_schema",
+        "json_schema": {"name": "edits", "schema": actions.edits_schema(N)},
+    }
+    assert actions.response_format("program", N) is None
+
+
+def test_a_constrained_prompt_asks_for_the_bare_list_it_enforces(tmp_path: Path) -> None:
+    import jsonschema
+
+    messages = actions.prompt("edits", N, SEED, 0.9997, "", constrained=True)
+    example = messages[2]["content"]
+    assert example.startswith("[") and "```" not in example + messages[-1]["content"]
+    jsonschema.validate(_exact(json.loads(example)), _exact(actions.edits_schema(4)))
+    assert judge("edits", example, 4, actions.EXAMPLE_STATE, LIMITS).verdict.valid
+    with pytest.raises(ValueError, match="no schema to enforce"):
+        Config(action="program", constrained=True)
+    on = tmp_path / "on.yaml"
+    on.write_text("discover:\n  action: edits\n  constrained: true\n")
+    assert config(parser().parse_args(["-c", str(on)])).constrained
+    assert not config(parser().parse_args(["-c", str(on), "--no-constrained"])).constrained
