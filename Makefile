@@ -101,8 +101,9 @@ test-loop: venv
 	$(BIN)/pytest -m loop -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The fault matrix (docs/reliability.md): each row injects one fault into a running system (reef
-# serve and its worker as processes, the tiny model, the machine's Postgres behind a proxy, an
-# MLflow server, moto S3 behind a proxy) while a client sends calls and reports, and checks
+# serve and its worker as processes, the tiny model, the machine's Postgres behind a proxy, a
+# private Postgres cluster restarted and stopped, an MLflow server, moto S3 behind a proxy)
+# while a client sends calls and reports, and checks
 # that nothing acknowledged is lost, no batch trains twice, the chain and the candidates agree,
 # and the loop recovers by itself.
 test-faults: venv

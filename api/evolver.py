@@ -81,8 +81,8 @@ class Evolver:
 
     def revive(self) -> bool:
         """Start the worker again if it died (not stopped): True when it did. The new worker
-        is told to look at every scenario at once, so a batch its predecessor was training is
-        trained again without waiting for the next report."""
+        looks at every scenario as it starts (cli.worker), so a batch its predecessor was
+        training is trained again without waiting for the next report."""
         with self._lock:
             proc = self._proc
             if proc is None or proc.poll() is None:
@@ -105,7 +105,7 @@ class Evolver:
                 self.restarts,
             )
             self.start()
-        return self._send(Trigger.scan())
+        return True
 
     def exit_code(self) -> int | None:
         """None while the worker runs (or before it started); its exit code once it ended."""

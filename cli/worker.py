@@ -105,6 +105,10 @@ class Worker:
         )
         for task in self.tasks:
             task.start()
+        # Every scenario looked at once: a batch left ready while no worker ran, or by a run
+        # that died with the API process (killed mid-deploy), is trained without waiting for
+        # the scenario's next report.
+        self.notify(Trigger.scan())
 
     def recover(self) -> None:
         """What runs of a worker that died left (deploy.chain.ReleaseChain.recover), for every

@@ -13,6 +13,13 @@ the head not moved), `after_cas` (the head moved, and in the same transaction th
 consumption receipts; the candidate's status and the MLflow alias not yet written),
 `published` (all of that written; the run's recover not yet run).
 
+The API process has points of its own, reached in `reef serve` while a deploy drives its
+engine (tests/faults/test_api_kills.py: the API killed under a deploy), in API_POINTS:
+`staged` (the deploy's variant loaded into the engine, the load not yet answered) and
+`verifying` (the deploy's smoke generation asked for, not yet run); the scenario is the
+variant's (`scenario@release`). A kill there is of the API process alone: its worker lives on.
+(Kills only: a pause there would hold the API's event loop.)
+
 A point can hold the run instead, for a test that takes a dependency away at that stage
 (tests/faults/test_store_outages.py: MLflow or S3 down during a run):
 
@@ -36,6 +43,7 @@ log = logging.getLogger("reef.faults")
 ENV, DIR_ENV, PAUSE_ENV = "REEF_FAULTS", "REEF_FAULTS_DIR", "REEF_FAULTS_PAUSE"
 PAUSE_MAX_S = 600.0
 POINTS = ("materialized", "trained", "evaluated", "registered", "before_cas", "after_cas")
+API_POINTS = ("staged", "verifying")
 
 
 def reached(point: str, scenario: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from reef import faults
 from reef.api.bodies import read_json, validate
 from reef.api.contract import UPSTREAM_REFUSED, errors, reads
 from reef.api.services import Services, services
@@ -44,7 +45,9 @@ async def _load(svc: Services, variants: Variants, name: str, kind: str, source:
     (engine.allow_local_paths) any directory this server can read."""
     if not svc.settings.engine.allow_local_paths:
         variants.check_source(name, source)
-    return await variants.load(name, kind, source)
+    loaded = await variants.load(name, kind, source)
+    faults.reached("staged", name.partition("@")[0])
+    return loaded
 
 
 @router.post(
@@ -95,7 +98,9 @@ async def load_weights(request: Request) -> dict[str, object]:
 )
 async def verify(request: Request) -> dict[str, object]:
     _, variants, raw = await _admin(request, "verifying a variant")
-    return await variants.verify(validate(VariantIn, raw).name)
+    name = validate(VariantIn, raw).name
+    faults.reached("verifying", name.partition("@")[0])
+    return await variants.verify(name)
 
 
 @router.post(
