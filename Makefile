@@ -225,11 +225,12 @@ demo: venv smollm2
 
 # TTT-Discover on circle packing through Reef (SmolLM2 + LoRA, tttd recipe): TTT vs frozen
 # PUCT search vs random edits at an equal rollout budget, over 3 seeds, with the action a 135M
-# model can take (JSON edits of the parent's circles; programs stay the default of
-# `python -m demo.discover` and of scripts/tttd_gpu.sh, which runs N = 26 on a GPU with vLLM).
+# model can take (JSON edits of the parent's circles, the schema enforced while decoding, from
+# a scattered start with room to climb; programs stay the default of `python -m demo.discover`
+# and of scripts/tttd_gpu.sh, which runs N = 26 on a GPU with vLLM).
 # DISCOVER_ARGS="--docs" refreshes docs/discover.png; DISCOVER_ARGS replaces nothing below.
-DISCOVER_CPU ?= --action edits --n 6 --groups 2 --rollouts 4 --steps 3 --seeds 0,1,2 \
-	--max-tokens 160 --temperature 0.7 --lr 4e-5
+DISCOVER_CPU ?= --action edits --constrained --start scattered --n 6 --groups 2 --rollouts 4 \
+	--steps 4 --seeds 0,1,2 --max-tokens 96 --temperature 1.0 --lr 1e-3
 DISCOVER_ARGS ?=
 demo-discover: venv bwrap smollm2
 	$(BIN)/python -m demo.discover $(DISCOVER_CPU) $(DISCOVER_ARGS)

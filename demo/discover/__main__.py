@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from demo.discover.actions import ACTIONS
+from demo.discover.actions import ACTIONS, STARTS
 from demo.discover.harness import ArchiveStore, Config, Reef, StepResult, discover
 from demo.discover.sandbox import Limits, SandboxUnavailable, boundary_for
 from demo.discover.settings import load
@@ -186,6 +186,11 @@ def parser() -> argparse.ArgumentParser:
         help="the engine enforces the edits schema while decoding (response_format; default: "
         "discover.constrained of -c FILE, else off)",
     )
+    p.add_argument(
+        "--start",
+        choices=STARTS,
+        help="the edit actions' seeded circles (default: discover.start of -c FILE, else grid)",
+    )
     p.add_argument("--seeds", default="0", help="comma-separated run seeds (default 0)")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated: ttt,search,random")
     p.add_argument("--model", default="smollm2")
@@ -266,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "n": cfg.n,
         "action": cfg.action,
         "constrained": cfg.constrained,
+        "start": cfg.start,
         "grid": f"{cfg.groups}x{cfg.rollouts}",
         "steps": cfg.steps,
         "seeds": seeds,
@@ -285,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline,
         state_dir / "discover.png",
         f"TTT-Discover, {cfg.n} circles, {args.model}, action {cfg.action}"
-        f"{' (constrained)' if cfg.constrained else ''}, "
+        f"{' (constrained)' if cfg.constrained else ''}, {cfg.start} start, "
         f"{cfg.groups}x{cfg.rollouts} x {cfg.steps} steps, seeds {args.seeds}",
     )
     if args.docs:
@@ -305,6 +311,7 @@ def config(args: argparse.Namespace) -> Config:
         n=args.n,
         action=args.action or settings.action,
         constrained=settings.constrained if args.constrained is None else args.constrained,
+        start=args.start or settings.start,
         groups=args.groups,
         rollouts=args.rollouts,
         steps=args.steps,

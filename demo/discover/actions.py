@@ -87,23 +87,52 @@ def read_state(text: str, n: int) -> Circles:
     return centers, radii
 
 
-def seed_state(n: int) -> str:
-    """The seeded baseline of the edit formats: the baseline program's k×k grid on the lattice,
-    each circle grown in order as far as the walls and the circles before it allow."""
-    k = math.ceil(math.sqrt(n))
-    centers = [[_q((i % k + 0.5) / k), _q((i // k + 0.5) / k)] for i in range(n)]
-    radii: list[float] = []
-    for i, (x, y) in enumerate(centers):
-        r = min(x, y, 1 - x, 1 - y)
-        for j in range(i):
-            r = min(r, math.dist(centers[i], centers[j]) - radii[j])
-        radii.append(math.floor(max(r, 0.0) * 10000) / 10000)
+Start = Literal["grid", "scattered"]
+STARTS: tuple[str, ...] = get_args(Start)
+SCATTER_SEED = 0  # one scattered start for every arm and run seed: one baseline to beat
+MIN_START_R = 0.03  # a scattered centre is redrawn where it would get a smaller circle
+
+
+def _grown(centers: list[list[float]], i: int, radii: list[float]) -> float:
+    """Circle i's radius grown as far as the walls and circles 0..i−1 allow (on the lattice)."""
+    x, y = centers[i]
+    r = min(x, y, 1 - x, 1 - y)
+    for j in range(i):
+        r = min(r, math.dist(centers[i], centers[j]) - radii[j])
+    return math.floor(max(r, 0.0) * 10000) / 10000
+
+
+def seed_state(n: int, start: str = "grid") -> str:
+    """The seeded baseline of the edit formats. `grid`: the baseline program's k×k grid on the
+    lattice, each circle grown in order as far as the walls and the circles before it allow (a
+    tight packing: local edits seldom improve it). `scattered`: centres drawn on the 0.01 grid
+    (SCATTER_SEED) and grown the same way, each redrawn until its circle gets at least
+    MIN_START_R: a valid packing with room to climb."""
+    if start == "grid":
+        k = math.ceil(math.sqrt(n))
+        centers = [[_q((i % k + 0.5) / k), _q((i // k + 0.5) / k)] for i in range(n)]
+        radii: list[float] = []
+        for i in range(n):
+            radii.append(_grown(centers, i, radii))
+        return state_text(centers, radii)
+    if start != "scattered":
+        raise ValueError(f"start must be one of {', '.join(STARTS)}")
+    rng = random.Random(SCATTER_SEED)
+    centers, radii = [], []
+    for i in range(n):
+        while True:
+            centers.append([rng.randint(5, 95) / 100, rng.randint(5, 95) / 100])
+            r = _grown(centers, i, radii)
+            if r >= MIN_START_R:
+                radii.append(r)
+                break
+            centers.pop()
     return state_text(centers, radii)
 
 
-def seed(action: str, n: int) -> str:
-    """The seeded baseline state of `action`: a program, or circles."""
-    return packing.baseline(n) if action == "program" else seed_state(n)
+def seed(action: str, n: int, start: str = "grid") -> str:
+    """The seeded baseline state of `action`: a program, or circles (`start`: how they lie)."""
+    return packing.baseline(n) if action == "program" else seed_state(n, start)
 
 
 def _judge_circles(centers: Any, radii: Any, n: int, seconds: float = 0.0) -> Judged:

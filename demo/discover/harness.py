@@ -33,6 +33,7 @@ from demo.discover import actions
 from demo.discover.archive import Archive, State
 from demo.discover.packing import Judged
 from demo.discover.sandbox import Limits
+from demo.discover.verifier import invalid
 from reef.artifacts import ArtifactStore
 from reef.errors import NotFound
 from reef.recipes.tttd.grid import grid_metadata
@@ -55,12 +56,17 @@ class Config:
     action: str = "program"  # what a rollout answers: demo/discover/actions.py
     seed: int = 0  # the run's sampling seeds (each rollout's) and the random proposer's
     constrained: bool = False  # the engine enforces the action's schema (edits only)
+    start: str = "grid"  # the edit actions' seeded circles: actions.seed_state
 
     def __post_init__(self) -> None:
         if self.action not in actions.ACTIONS:
             raise ValueError(f"action must be one of {', '.join(actions.ACTIONS)}")
         if self.constrained and actions.response_format(self.action, self.n) is None:
             raise ValueError(f"the {self.action} action has no schema to enforce: edits has")
+        if self.start not in actions.STARTS:
+            raise ValueError(f"start must be one of {', '.join(actions.STARTS)}")
+        if self.start != "grid" and self.action == "program":
+            raise ValueError("the program action starts from its baseline program only")
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,7 @@ def new_archive(cfg: Config) -> Archive:
     the G groups start independent lines (§3.6: the seeds are the baseline, children mostly
     edit its numbers)."""
     archive = Archive()
-    program = actions.seed(cfg.action, cfg.n)
+    program = actions.seed(cfg.action, cfg.n, cfg.start)
     verdict = actions.verify_seed(cfg.action, program, cfg.n, cfg.limits)
     if not verdict.valid:
         raise RuntimeError(f"the baseline program is invalid: {verdict.reason}")
@@ -318,6 +324,20 @@ def _update(
         archive.add(State(0, best.program, v.reward, v.reward, None, False, v.reason, step=step))
 
 
+UNCHANGED = "unchanged: the answer left its parent's circles as they were"
+
+
+def _changed(judged: Judged, parent: State, cfg: Config) -> Judged:
+    """An edit action's answer that leaves its parent's circles as they were scores as invalid
+    (0): it discovers nothing. Scored as the parent, every such copy beats the group's worse
+    attempts, and the learner learned to copy: in the constrained CPU runs, one LoRA step at
+    lr 1e-3 took every rollout's reward to exactly the parent's. The program action keeps its
+    rule (a program is scored by what it builds)."""
+    if cfg.action == "program" or not judged.verdict.valid or judged.program != parent.program:
+        return judged
+    return Judged(None, invalid(UNCHANGED), judged.seconds)
+
+
 def run_step(
     reef: Reef, archive: Archive, cfg: Config, step: int, run_id: str
 ) -> tuple[StepResult, str]:
@@ -331,7 +351,10 @@ def run_step(
         return actions.judge(cfg.action, a[0][0], cfg.n, a[1][2].program or "", cfg.limits)
 
     with ThreadPoolExecutor(max_workers=cfg.judges) as ex:
-        judged: list[Judged] = list(ex.map(judge, zip(answers, jobs, strict=True)))
+        judged = [
+            _changed(j, job[2], cfg)
+            for j, job in zip(ex.map(judge, zip(answers, jobs, strict=True)), jobs, strict=True)
+        ]
     releases = {a[2] for a in answers}
     if cfg.mode == "ttt":
         for (g, r, _), (_, receipt, _), j in zip(jobs, answers, judged, strict=True):

@@ -37,6 +37,13 @@ class DiscoverSettings(BaseModel):
         "random proposer's ranges (1-3 edits, moves within ±0.1, radii ≤ 0.25), and the "
         "exact verifier still judges the packing. `--constrained` overrides it.",
     )
+    start: Literal["grid", "scattered"] = Field(
+        "grid",
+        description="the edit actions' seeded circles: `grid` (the baseline program's grid, "
+        "each circle grown as far as it fits: tight, local edits seldom improve it) or "
+        "`scattered` (fixed pseudo-random centres grown the same way: room to climb). "
+        "`--start` overrides it.",
+    )
 
 
 def load(path: Path | None) -> DiscoverSettings:

@@ -260,3 +260,44 @@ def test_a_constrained_prompt_asks_for_the_bare_list_it_enforces(tmp_path: Path)
     on.write_text("discover:\n  action: edits\n  constrained: true\n")
     assert config(parser().parse_args(["-c", str(on)])).constrained
     assert not config(parser().parse_args(["-c", str(on), "--no-constrained"])).constrained
+
+
+def test_the_scattered_start_is_a_valid_packing_with_room_to_climb(tmp_path: Path) -> None:
+    start = actions.seed_state(N, "scattered")
+    assert start == actions.seed_state(N, "scattered")  # one start for every arm and seed
+    verdict = judge("coords", start, N, start, LIMITS).verdict
+    grid = judge("coords", SEED, N, SEED, LIMITS).verdict
+    assert verdict.valid and 0.5 < verdict.reward < grid.reward
+    assert min(r for *_, r in circles(start)) >= actions.MIN_START_R
+    rng = random.Random(5)  # uniformly random edits improve it now and then
+    better = sum(
+        judge(
+            "edits", actions.random_answer("edits", rng, N, start), N, start, LIMITS
+        ).verdict.reward
+        > verdict.reward
+        for _ in range(200)
+    )
+    assert better >= 3
+    assert actions.seed("edits", N) == SEED  # the grid stays the default
+    with pytest.raises(ValueError, match="baseline program only"):
+        Config(action="program", start="scattered")
+    f = tmp_path / "s.yaml"
+    f.write_text("discover:\n  action: edits\n  start: scattered\n")
+    assert config(parser().parse_args(["-c", str(f)])).start == "scattered"
+    assert config(parser().parse_args(["-c", str(f), "--start", "grid"])).start == "grid"
+
+
+def test_an_edit_answer_that_changes_nothing_scores_as_invalid() -> None:
+    from demo.discover.archive import State
+    from demo.discover.harness import UNCHANGED, _changed
+
+    parent = State(0, SEED, 0.9997, 0.9997, None, False, "")
+    cfg = Config(action="edits", n=N)
+    tight = judge("edits", '[{"op": "grow", "i": 0}]', N, SEED, LIMITS)  # already as large
+    assert tight.verdict.valid and tight.program == SEED
+    unchanged = _changed(tight, parent, cfg)
+    assert not unchanged.verdict.valid and unchanged.verdict.reward == 0
+    assert unchanged.verdict.reason == UNCHANGED
+    moved = judge("edits", '[{"op": "nudge", "i": 0, "dx": 0.05, "dy": 0}]', N, SEED, LIMITS)
+    assert _changed(moved, parent, cfg) is moved
+    assert _changed(tight, parent, Config()) is tight  # programs keep their own rule
