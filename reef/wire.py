@@ -84,7 +84,12 @@ class ChatCompletionRequest(_Open):
     top_logprobs: Annotated[int, Field(ge=0, le=20), WHOLE] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description='structured output: {"type": "json_object"} or {"type": "json_schema", '
+        '"json_schema": {"name", "schema"}}, enforced while decoding by the embedded engine '
+        "(400 when it cannot be); passed on by the vllm and upstream engines",
+    )
     stream_options: dict[str, Any] | None = None
 
     @property
