@@ -250,16 +250,15 @@ def judge(action: str, text: str, n: int, parent: str, limits: Limits) -> Judged
 
 
 # structured outputs --------------------------------------------------------------------------
-MOVE = 0.1  # the largest nudge either way: the random proposer's range too
-MAX_R = 0.25  # the largest radius a place may set: the random proposer's range too
-CONSTRAINED_EDITS = 3  # a constrained answer's most edits: the random proposer draws 1-3
-
-
-STEP = 0.01  # the numbers' grid: the random proposer's too
+# The action space the constrained answers and the random proposer share (random_edits).
+STEPS = 100  # numbers are multiples of 1/STEPS
+MOVE = 10  # a nudge moves at most MOVE/STEPS either way
+MAX_R = 25  # a place sets a radius of at most MAX_R/STEPS
+CONSTRAINED_EDITS = 3  # edits in one answer: 1 to this many
 
 
 def _num(low: float, high: float) -> dict[str, Any]:
-    return {"type": "number", "minimum": low, "maximum": high, "multipleOf": STEP}
+    return {"type": "number", "minimum": low, "maximum": high, "multipleOf": 1 / STEPS}
 
 
 def edits_schema(n: int) -> dict[str, Any]:
@@ -284,9 +283,13 @@ def edits_schema(n: int) -> dict[str, Any]:
         "maxItems": CONSTRAINED_EDITS,
         "items": {
             "anyOf": [
-                op("nudge", dx=_num(-MOVE, MOVE), dy=_num(-MOVE, MOVE)),
+                op(
+                    "nudge",
+                    dx=_num(-MOVE / STEPS, MOVE / STEPS),
+                    dy=_num(-MOVE / STEPS, MOVE / STEPS),
+                ),
                 op("grow"),
-                op("place", x=_num(0, 1), y=_num(0, 1), r=_num(0, MAX_R)),
+                op("place", x=_num(0, 1), y=_num(0, 1), r=_num(0, MAX_R / STEPS)),
             ]
         },
     }
@@ -377,14 +380,14 @@ def random_edits(rng: random.Random, n: int) -> list[dict[str, Any]]:
     """1-3 uniformly drawn edits: op, circle, and numbers on a 0.01 grid (moves within ±0.1,
     places anywhere with r ≤ 0.25). Nothing here knows which edits help."""
     edits: list[dict[str, Any]] = []
-    for _ in range(rng.randint(1, 3)):
+    for _ in range(rng.randint(1, CONSTRAINED_EDITS)):
         op = rng.choice(sorted(OPS))
         edit: dict[str, Any] = {"op": op, "i": rng.randrange(n)}
         if op == "nudge":
-            edit |= {"dx": rng.randint(-10, 10) / 100, "dy": rng.randint(-10, 10) / 100}
+            edit |= {"dx": rng.randint(-MOVE, MOVE) / STEPS, "dy": rng.randint(-MOVE, MOVE) / STEPS}
         elif op == "place":
-            edit |= {"x": rng.randint(0, 100) / 100, "y": rng.randint(0, 100) / 100}
-            edit["r"] = rng.randint(0, 25) / 100
+            edit |= {"x": rng.randint(0, STEPS) / STEPS, "y": rng.randint(0, STEPS) / STEPS}
+            edit["r"] = rng.randint(0, MAX_R) / STEPS
         edits.append(edit)
     return edits
 
