@@ -115,10 +115,13 @@ class Attempt:
 @dataclass
 class Caller:
     """A client calling (the openai SDK, no retries, each call bounded by `timeout_s`) and
-    reporting each receipt (httpx) every `every_s`, in its own thread, until `stop`."""
+    reporting each receipt (httpx, with `score`) every `every_s`, in its own thread, until
+    `stop`. `model`: what the calls name (the echo upstream's, or the embedded engine's)."""
 
     base: str
     scenario: str = "default"
+    model: str = "echo"
+    score: float = 1.0
     every_s: float = 0.1
     timeout_s: float = 10.0
     attempts: list[Attempt] = field(default_factory=list)
@@ -157,7 +160,7 @@ class Caller:
         status, retry, receipt = 0, None, None
         try:
             raw = client.chat.completions.with_raw_response.create(
-                model="echo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                model=self.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
             status, receipt = 200, raw.headers["x-reef-agent-record-id"]
         except openai.APIStatusError as e:
@@ -173,7 +176,7 @@ class Caller:
         started = time.monotonic()
         status, retry, acked = 0, None, None
         try:
-            r = http.post("/reef/report", json={"references": [receipt], "score": 1.0})
+            r = http.post("/reef/report", json={"references": [receipt], "score": self.score})
             status, retry = r.status_code, r.headers.get("retry-after")
             acked = r.json()["id"] if r.status_code in (200, 201) else None
         except httpx.HTTPError:
