@@ -267,7 +267,23 @@ def main(argv: list[str] | None = None) -> int:
         runs, baseline = run_arms(server, arms, seeds, args, cfg, state_dir, artifacts, say)
     finally:
         server.stop()
-    summary = {
+    summary = summary_of(runs, baseline, cfg, seeds, args, params)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    report(summary, runs, state_dir, cfg, args, say)
+    return 0
+
+
+def summary_of(
+    runs: Runs,
+    baseline: float,
+    cfg: Config,
+    seeds: list[int],
+    args: argparse.Namespace,
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """What summary.json keeps of a finished comparison."""
+    arms = summarise(runs, baseline)
+    return {
         "n": cfg.n,
         "action": cfg.action,
         "constrained": cfg.constrained,
@@ -277,14 +293,26 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds,
         "rollouts_per_arm": cfg.steps * cfg.groups * cfg.rollouts,
         "baseline": baseline,
-        "best": {arm: summarise(runs, baseline)[arm]["best_median"] for arm in runs},
-        "arms": summarise(runs, baseline),
-        "seconds": round(time.monotonic() - started, 1),
+        "best": {arm: arms[arm]["best_median"] for arm in runs},
+        "arms": arms,
         "model": args.model,
         "params": params,
         "temperature": cfg.temperature,
         "runs": {arm: [[asdict(r) for r in rs] for rs in results] for arm, results in runs.items()},
     }
+
+
+def report(
+    summary: dict[str, Any],
+    runs: Runs,
+    state_dir: Path,
+    cfg: Config,
+    args: argparse.Namespace,
+    say: Callable[[str], None],
+) -> None:
+    """summary.json and the plot in the run's directory (the plot in docs/ with --docs), then
+    the table or, with --json, the summary line."""
+    baseline = summary["baseline"]
     (state_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     png = plot(
         runs,
@@ -301,7 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n" + table(runs, baseline), flush=True)
         say(f"best Σr per arm (median over seeds): {summary['best']}; plot {png}")
-    return 0
 
 
 def config(args: argparse.Namespace) -> Config:
