@@ -1,6 +1,7 @@
 """SIGKILL under load, then restart: every receipt a client was given is readable. The killed
 server is a real `reef serve` process (the kill is what is tested); what restarts on its state
-is the same app, served in-process."""
+is the same app, served in-process. Part of the fault matrix (`make test-faults`): about 25 s
+of two server starts and a kill, too long for `make test`'s budget."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from reef.cli.testing import InProcessReef
 from reef.testing.process import ReefServer
+
+pytestmark = pytest.mark.faults
 
 Doomed = dict[str, tuple[ReefServer, dict[str, str]]]
 

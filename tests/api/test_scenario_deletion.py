@@ -124,6 +124,7 @@ def test_delete_is_admin_only_and_leaves_nothing_behind(
     assert r.status_code == 200 and r.headers["x-reef-release-id"] != published[s]
 
 
+@pytest.mark.faults  # an MLflow server started and stopped: ~11 s, in the fault matrix's stage
 def test_mlflow_down_commits_the_deletion_and_reef_gc_finishes_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
     # MLflow at a port nothing listens on, with the serving process's default bounds
