@@ -40,14 +40,14 @@ JSON_LAYOUT: JsonCompileOptions = {
     "item_separator": ", ",
     "key_separator": ": ",
 }
-GRAMMAR_CACHE = 64  # compiled formats kept, most recent first
+GRAMMAR_CACHE = 64  # grammars known to compile, the most recently used kept
 PARAM = "response_format"
 
 
 def grammar_source(response_format: Any) -> str | None:
     """The llguidance grammar of an OpenAI `response_format`, or None for plain text.
     BadRequest for a format this engine does not know or a malformed one; whether the schema
-    compiles is checked by `Grammars.compile`."""
+    compiles is checked by `Grammars.constraint`."""
     from llguidance import LLMatcher
 
     if response_format is None:
