@@ -36,6 +36,7 @@ from reef.harness import HarnessCache
 from reef.limits import Limits
 from reef.registry.clients import bound_http_requests
 from reef.rollouts import Rollouts
+from reef.scenario_settings import sampling_defaults as scenario_sampling
 from reef.serving import Serving
 from reef.settings import Settings
 from reef.shadow import Shadows
@@ -132,6 +133,7 @@ class Services:
                 on_outcome=lambda scenario, outcome: metrics.shadow.labels(scenario, outcome).inc(),
             ),
             admission=admission,
+            sampling_of=functools.partial(scenario_sampling, settings, store),
         )
         local = LocalEngine(engine, serving, variants)
         # Rollbacks, promotes and harness releases through this process reach every engine

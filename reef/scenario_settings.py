@@ -5,6 +5,7 @@ and the worker read the same)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from reef.errors import BadRequest, NotFound
@@ -13,6 +14,8 @@ from reef.store.scenarios import ScenarioStore
 
 if TYPE_CHECKING:
     from reef.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def current(store: ScenarioStore, scenario: str) -> SettingsVersion | None:
@@ -31,6 +34,31 @@ def learning_settings(settings: Settings, store: ScenarioStore, scenario: str) -
     return settings.for_scenario(scenario, version.settings if version else None)
 
 
+def sampling_defaults(
+    settings: Settings, store: ScenarioStore, scenario: str
+) -> dict[str, float] | None:
+    """The sampling values the engine gives `scenario`'s calls that name none, where the
+    scenario has its own (`scenarios.<name>.engine.sampling_defaults`, then the run-time
+    keys); None where they are the engine's (engine.sampling_defaults, or the model's).
+
+    Serving reads this with the scenario's row, cached for the same few seconds. Run-time keys
+    that no longer validate over a changed configuration do not stop serving: the
+    configuration's value applies, with a warning."""
+    version = current(store, scenario)
+    runtime = version.settings if version else None
+    conf = settings.scenarios.get(scenario)
+    if not (runtime and runtime.get("engine")) and (
+        conf is None or conf.engine.sampling_defaults is None
+    ):
+        return None  # nothing of the scenario's own: the common case, no validation
+    try:
+        own = settings.for_scenario(scenario, runtime).engine.sampling_defaults
+    except ValueError as e:
+        log.warning("scenario %s: run-time settings ignored for sampling: %s", scenario, e)
+        own = settings.for_scenario(scenario).engine.sampling_defaults
+    return None if own == settings.engine.sampling_defaults else own
+
+
 def change(
     settings: Settings,
     store: ScenarioStore,
@@ -39,7 +67,7 @@ def change(
     changed_by: str,
     expected_version: int | None = None,
 ) -> SettingsVersion:
-    """Store `keys` ({reef, gate, judge, metrics}: the whole run-time override, replacing the previous
+    """Store `keys` ({reef, gate, judge, review, metrics, engine}: the whole run-time override, replacing the previous
     version's) as the scenario's next version, once they validate over the configuration
     (BadRequest naming the key otherwise). `expected_version`: the version the caller read
     (Conflict when another change came since); None: whatever is current."""

@@ -38,6 +38,9 @@ from reef.variants import Variants
 log = logging.getLogger(__name__)
 
 Render = Callable[[dict[str, Any]], dict[str, Any]]
+# A scenario's own sampling values (reef.scenario_settings.sampling_defaults): None where the
+# engine's apply. Called off the event loop; it may read the database.
+SamplingOf = Callable[[str], dict[str, float] | None]
 
 
 def _identity(response: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +78,9 @@ class Call:
     # The rollout arm drawn for this call: the one its outcome counts for (never its tags,
     # which a caller's headers could have named).
     arm: Arm | None = None
+    # The scenario's own sampling values for a request that names none, over the engine's
+    # (scenarios.<name>.engine.sampling_defaults); None: the engine's apply.
+    sampling_defaults: dict[str, float] | None = None
 
     @property
     def release_id(self) -> str:
@@ -137,8 +143,11 @@ class Serving:
         rollouts: Rollouts | None = None,
         shadows: Shadows | None = None,
         admission: Admission | None = None,
+        sampling_of: SamplingOf | None = None,
     ):
         self.engine = engine
+        # Each scenario's own sampling values, read with its row (and cached as long).
+        self._sampling_of = sampling_of
         # The engine's running slots and the bounded line in front of them (engine.max_running,
         # max_queue, max_queue_wait_s): every call takes a slot before the engine sees it.
         self.admission = admission
@@ -161,7 +170,7 @@ class Serving:
         # Scenario rows are read on every call; a short cache keeps that off the hot path.
         # The head may move in another process (a flow publishing a release), hence the TTL.
         self._scenario_ttl_s = scenario_ttl_s
-        self._scenarios: dict[str, tuple[Scenario, float]] = {}
+        self._scenarios: dict[str, tuple[Scenario, dict[str, float] | None, float]] = {}
         # Session parents continued by calls in flight: parent id -> (record id, deadline).
         self._claims: dict[str, tuple[str, float]] = {}
         # Idempotency-Keys in flight: (scenario, route, key) -> (record id, its answer to come;
@@ -174,11 +183,21 @@ class Serving:
         """The scenario, created with its base release on first use."""
         hit = self._scenarios.get(name)
         now = time.monotonic()
-        if hit is not None and hit[1] > now:
+        if hit is not None and hit[2] > now:
             return hit[0]
-        scenario = await asyncio.to_thread(self.store.ensure_scenario, name)
-        self._scenarios[name] = (scenario, now + self._scenario_ttl_s)
+        scenario, sampling = await asyncio.to_thread(self._read_scenario, name)
+        self._scenarios[name] = (scenario, sampling, now + self._scenario_ttl_s)
         return scenario
+
+    def _read_scenario(self, name: str) -> tuple[Scenario, dict[str, float] | None]:
+        """The scenario row and its own sampling values, in one trip off the event loop: run-time
+        changes (PUT /reef/scenarios/{s}/settings in any replica) reach calls within the TTL."""
+        scenario = self.store.ensure_scenario(name)
+        return scenario, self._sampling_of(name) if self._sampling_of is not None else None
+
+    def _sampling(self, name: str) -> dict[str, float] | None:
+        hit = self._scenarios.get(name)
+        return hit[1] if hit is not None else None
 
     def forget(self, name: str) -> None:
         self._scenarios.pop(name, None)
@@ -208,7 +227,7 @@ class Serving:
         if call.native:
             assert isinstance(self.engine, ServesResponses)
             return self.engine.respond(call.engine_body)
-        return self.engine.complete(call.engine_body)
+        return self.engine.complete(call.engine_body, sampling_defaults=call.sampling_defaults)
 
     async def _reloaded(self, call: Call) -> bool:
         """The call's variant left the engine between choosing it and the engine taking the
@@ -225,7 +244,7 @@ class Serving:
         if call.native:
             assert isinstance(self.engine, ServesResponses)
             return self.engine.respond_stream(call.engine_body)
-        return self.engine.stream(call.engine_body)
+        return self.engine.stream(call.engine_body, sampling_defaults=call.sampling_defaults)
 
     def check_admission(self) -> None:
         """EngineBusy (429) now when the engine's line is full: the early answer, before the
@@ -318,6 +337,7 @@ class Serving:
             base_body=base_body,
             explicit_session=stored is None and session_id is not None,
             arm=arm,
+            sampling_defaults=None if native else self._sampling(scenario.name),
         )
 
     async def _with_harness(
@@ -584,7 +604,8 @@ class Serving:
             if self.harnesses is not None:
                 scenario = dataclasses.replace(call.scenario, head_release_id=release_id)
                 prepared, _ = await self._with_harness(scenario, prepared, {})
-            return (await self.engine.complete(prepared)).response
+            defaults = call.sampling_defaults  # the candidate samples as the user's answer did
+            return (await self.engine.complete(prepared, sampling_defaults=defaults)).response
 
         messages = body.get("messages") or []
         shadows.launch(record, messages, done.response, candidate, answer)

@@ -418,13 +418,28 @@ def test_each_scenario_learns_with_its_own_settings(tmp_path: Path) -> None:
     assert support.reef.recipe == "sft" and support.reef.select.tags == {"role": "agent"}
     assert "policy" not in s.for_scenario("tuner").gate.model_fields_set  # tttd's own gate
     assert s.for_scenario("anything-else") is s
+    # The engine's sampling values, the one engine key a scenario has: replaced as a whole.
+    sampled = load_settings(
+        None,
+        engine={"sampling_defaults": {"temperature": 0.2, "top_p": 0.9}},
+        scenarios={"a": {"engine": {"sampling_defaults": {"top_p": 0.5}}}},
+    )
+    assert sampled.for_scenario("a").engine.sampling_defaults == {"top_p": 0.5}
+    off = sampled.for_scenario("a", {"engine": {"sampling_defaults": {}}})
+    assert off.engine.sampling_defaults == {}
+    assert off.engine.model == sampled.engine.model
+    assert sampled.for_scenario("b").engine.sampling_defaults == {"temperature": 0.2, "top_p": 0.9}
 
     for text, said in (
         ("scenarios: {x: {reef: {batch_size: 0}}}", "scenarios.x.reef: batch_size"),
         ("scenarios: {x: {gate: {nope: 1}}}", "scenarios.x.gate: unknown key 'nope'"),
         ("scenarios: {x: {reef: {recipe: nonsense}}}", "scenarios.x.reef: recipe: recipe must be"),
         ("scenarios: {x: {reef: {worker_priority: low}}}", "worker_priority: process-wide"),
-        ("scenarios: {x: {engine: {}}}", "unknown key 'scenarios.x.engine'"),
+        ("scenarios: {x: {engine: {model: smollm2}}}", "unknown key 'scenarios.x.engine.model'"),
+        (
+            "scenarios: {x: {engine: {sampling_defaults: {top_k: 5}}}}",
+            "scenarios.x.engine.sampling_defaults: sampling_defaults takes temperature and top_p",
+        ),
     ):
         config.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(said)):

@@ -41,6 +41,12 @@ class ScenarioSettingsIn(BaseModel):
         default_factory=dict,
         description="review.* keys: the policies that fill the scenario's annotation queue",
     )
+    engine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="engine.sampling_defaults: the temperature / top_p given to the "
+        "scenario's requests that name neither ({}: none); every replica applies a change "
+        "within a few seconds",
+    )
     expected_version: int | None = Field(
         None,
         ge=0,
@@ -61,8 +67,8 @@ class ScenarioSettingsOut(BaseModel):
     scenario: str
     version: int = Field(description="the newest run-time version (0: none set)")
     effective: dict[str, Any] = Field(
-        description="reef, gate, judge, review and metrics as they apply now (configuration, then "
-        "run-time keys; secrets masked)"
+        description="reef, gate, judge, review, metrics and engine (its sampling_defaults) as "
+        "they apply now (configuration, then run-time keys; secrets masked)"
     )
     history: list[SettingsChange] = Field(description="run-time versions, newest first (20)")
 
@@ -81,6 +87,7 @@ def settings_out(
                 for section in ("reef", "gate", "judge", "review")
             },
             "metrics": {k: v.model_dump(mode="json") for k, v in own.metrics.items()},
+            "engine": {"sampling_defaults": own.engine.sampling_defaults},
         },
         history=[
             SettingsChange(
@@ -113,8 +120,8 @@ async def scenario_settings(request: Request, scenario: ScenarioPath) -> Scenari
     response_model=ScenarioSettingsOut,
     openapi_extra=reads(ScenarioSettingsIn),
     responses=errors(400, 403, 404, 409, 503, e409="another change came since expected_version"),
-    summary="Change a scenario's learning settings (recipe, batch, gate, judge, metrics) "
-    "without a restart (admin)",
+    summary="Change a scenario's settings (recipe, batch, gate, judge, review, metrics, "
+    "sampling) without a restart (admin)",
 )
 async def put_scenario_settings(request: Request, scenario: ScenarioPath) -> ScenarioSettingsOut:
     svc, principal, name = caller(request, scenario)
@@ -127,5 +134,6 @@ async def put_scenario_settings(request: Request, scenario: ScenarioPath) -> Sce
     await asyncio.to_thread(
         change, svc.settings, svc.store, name, keys, principal.name, body.expected_version
     )
+    svc.serving.forget(name)  # this replica serves with the change from the next call
     versions = await asyncio.to_thread(svc.store.scenario_settings, name)
     return settings_out(svc.settings, name, versions)

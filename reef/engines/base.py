@@ -68,15 +68,21 @@ class Engine(Protocol):
         """True when a request would be served now. Cheap and free of side effects."""
         ...
 
-    async def complete(self, body: dict[str, Any]) -> Completion:
+    async def complete(
+        self, body: dict[str, Any], *, sampling_defaults: dict[str, float] | None = None
+    ) -> Completion:
         """Serve a non-streaming OpenAI chat-completions request body.
 
         `body` has been validated by the API and its `model` resolved to one of `models()`.
+        `sampling_defaults`: the values given to a body that names no sampling parameter
+        instead of the engine's own (a scenario's, reef.engines.defaults); None: the engine's.
         Raises a ReefError subclass on failure (EngineError, UpstreamError, UpstreamRejected).
         """
         ...
 
-    def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
+    def stream(
+        self, body: dict[str, Any], *, sampling_defaults: dict[str, float] | None = None
+    ) -> AsyncIterator[dict[str, Any] | Completion]:
         """Serve a streaming request: yields OpenAI `chat.completion.chunk` dicts as they are
         produced, then exactly one final `Completion` (the assembled response), then stops.
 

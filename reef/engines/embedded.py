@@ -139,17 +139,24 @@ class EmbeddedEngine:
             self._model is not None and self._scheduler is not None and self._scheduler.is_alive()
         )
 
-    async def complete(self, body: dict[str, Any]) -> Completion:
-        done = await self._complete(body, await self._submit(body))
+    async def complete(
+        self, body: dict[str, Any], *, sampling_defaults: dict[str, float] | None = None
+    ) -> Completion:
+        req = await self._submit(body, sampling_defaults=sampling_defaults)
+        done = await self._complete(body, req)
         # `<tool_call>` text in the answer becomes tool calls (reef.engines.tool_calls)
         return tool_calls.completion_with_calls(done) if tool_calls.parses_calls(body) else done
 
-    def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
-        items = self._stream(body)
+    def stream(
+        self, body: dict[str, Any], *, sampling_defaults: dict[str, float] | None = None
+    ) -> AsyncIterator[dict[str, Any] | Completion]:
+        items = self._stream(body, sampling_defaults)
         return tool_calls.parsed_stream(body, items) if tool_calls.parses_calls(body) else items
 
-    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
-        req = await self._submit(body)
+    async def _stream(
+        self, body: dict[str, Any], sampling_defaults: dict[str, float] | None
+    ) -> AsyncIterator[dict[str, Any] | Completion]:
+        req = await self._submit(body, sampling_defaults=sampling_defaults)
         builder = self._builder(body, req)
         try:
             # Wait for the first token before the role chunk, so a failure in prefill raises
@@ -384,14 +391,22 @@ class EmbeddedEngine:
 
     # ---- request intake
 
-    async def _submit(self, body: dict[str, Any], *, check_finite: bool = False) -> Request:
-        """Validate, render and queue; every BadRequest is raised here, before anything is queued."""
+    async def _submit(
+        self,
+        body: dict[str, Any],
+        *,
+        check_finite: bool = False,
+        sampling_defaults: dict[str, float] | None = None,
+    ) -> Request:
+        """Validate, render and queue; every BadRequest is raised here, before anything is queued.
+        `sampling_defaults`: a scenario's own, over the engine's."""
         renderer = self._renderer
         self._running()
         if renderer is None:
             raise EngineUnavailable("the embedded engine is not running")
         self._variant(body.get("model"))  # an unknown name fails before any rendering
-        sampled, filled = with_defaults(body, self.sampling_defaults)
+        defaults = self.sampling_defaults if sampling_defaults is None else sampling_defaults
+        sampled, filled = with_defaults(body, defaults)
         params = SamplingParams.from_body(sampled)
         constraint = await self._constraint(body.get("response_format"))
         render = partial(self._render, renderer, body, params.max_tokens)

@@ -157,8 +157,11 @@ class UpstreamEngine:
             if self._ready_check is not None and self._ready_check.done():
                 self._ready_check = None
 
-    async def complete(self, body: dict[str, Any]) -> Completion:
-        payload = self._payload(body, stream=False)
+    async def complete(
+        self, body: dict[str, Any], *, sampling_defaults: dict[str, float] | None = None
+    ) -> Completion:
+        defaults = self.sampling_defaults if sampling_defaults is None else sampling_defaults
+        payload = self._payload(body, defaults, stream=False)
         t0 = time.perf_counter()
         response = await self._post_json(self._chat_target, payload)
         choices = response.get("choices") or []
@@ -178,27 +181,21 @@ class UpstreamEngine:
             logprobs=logprobs,
             timings={"total_ms": (time.perf_counter() - t0) * 1e3},
             topk=topk,
-            sampling=self._sampling(body),
+            sampling=sampling_record(*with_defaults(body, defaults)),
         )
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | Completion]:
+    async def stream(
+        self, body: dict[str, Any], *, sampling_defaults: dict[str, float] | None = None
+    ) -> AsyncIterator[dict[str, Any] | Completion]:
         pool = self._started()
-        payload = self._payload(body, stream=True)
+        defaults = self.sampling_defaults if sampling_defaults is None else sampling_defaults
+        payload = self._payload(body, defaults, stream=True)
         capture = self.capture_tokens
         keep_logprobs = not capture or bool(body.get("logprobs"))
         keep_ids = not capture or bool(body.get("return_token_ids"))
         keep_usage = not capture or bool((body.get("stream_options") or {}).get("include_usage"))
         t0 = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                response = await pool.request(_POST, self._chat_target, payload)
-                if response.status >= 300:
-                    data = await response.read()
-                    raise _status_error(response.status, data)
-        except TimeoutError:
-            raise self._timed_out() from None
-        except OSError as e:
-            raise self._unreachable(e) from None
+        response = await self._open_stream(pool, self._chat_target, payload)
         _require_event_stream(response)
         seen: list[dict[str, Any]] = []  # what the client got: the record assembles these
         prompt_ids: list[int] | None = None
@@ -257,7 +254,7 @@ class UpstreamEngine:
             completion_token_ids=completion_ids,
             logprobs=logprobs,
             topk=_topk_capture({"content": capture_entries}) if capture_entries else None,
-            sampling=self._sampling(body),
+            sampling=sampling_record(*with_defaults(body, defaults)),
         )
 
     # the Responses API, passed through (serves_responses)
@@ -269,6 +266,20 @@ class UpstreamEngine:
         t0 = time.perf_counter()
         response = await self._post_json(self._responses_target, payload)
         return Completion(response=response, timings={"total_ms": (time.perf_counter() - t0) * 1e3})
+
+    async def _open_stream(self, pool: ConnectionPool, target: bytes, payload: bytes) -> Response:
+        """POST a streamed request: the upstream's response once its status line and headers
+        are in, or the error that says why there is none (timeout, unreachable, its refusal)."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                response = await pool.request(_POST, target, payload)
+                if response.status >= 300:
+                    raise _status_error(response.status, await response.read())
+        except TimeoutError:
+            raise self._timed_out() from None
+        except OSError as e:
+            raise self._unreachable(e) from None
+        return response
 
     async def _post_json(self, target: bytes, payload: bytes) -> dict[str, Any]:
         """POST a whole (non-streamed) request; the upstream's JSON object, or the error that
@@ -302,15 +313,7 @@ class UpstreamEngine:
         pool = self._started()
         payload = self._responses_payload(body, stream=True)
         t0 = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                response = await pool.request(_POST, self._responses_target, payload)
-                if response.status >= 300:
-                    raise _status_error(response.status, await response.read())
-        except TimeoutError:
-            raise self._timed_out() from None
-        except OSError as e:
-            raise self._unreachable(e) from None
+        response = await self._open_stream(pool, self._responses_target, payload)
         if not response.headers.get(b"content-type", b"").startswith(b"text/event-stream"):
             response.close()
             raise UpstreamError(
@@ -367,9 +370,9 @@ class UpstreamEngine:
             raise UpstreamError("the upstream engine is not started")
         return self._pool
 
-    def _payload(self, body: dict[str, Any], *, stream: bool) -> bytes:
+    def _payload(self, body: dict[str, Any], defaults: dict[str, float], *, stream: bool) -> bytes:
         # A shallow copy: the caller's body stays what the client sent (it is recorded).
-        out = dict(with_defaults(body, self.sampling_defaults)[0])
+        out = dict(with_defaults(body, defaults)[0])
         model = self._wire_model(body)
         if model is not None:
             out["model"] = model
@@ -397,10 +400,6 @@ class UpstreamEngine:
             if stream:
                 out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
         return orjson.dumps(out)
-
-    def _sampling(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Completion.sampling: what was sent (None where the upstream's default applied)."""
-        return sampling_record(*with_defaults(body, self.sampling_defaults))
 
     def _wire_model(self, body: dict[str, Any]) -> str | None:
         """The model name sent upstream (None: the client's, unchanged)."""

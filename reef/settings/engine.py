@@ -393,11 +393,17 @@ class EngineSettings(Section):
     @field_validator("sampling_defaults")
     @classmethod
     def _sampling_ranges(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        unknown = sorted(set(v or ()) - {"temperature", "top_p"})
-        if unknown:
-            raise ValueError(f"sampling_defaults takes temperature and top_p, not {unknown}")
-        if v and not 0 <= v.get("temperature", 0) <= 2:
-            raise ValueError("sampling_defaults.temperature must be between 0 and 2")
-        if v and not 0 < v.get("top_p", 1) <= 1:
-            raise ValueError("sampling_defaults.top_p must be in (0, 1]")
-        return v
+        return check_sampling_defaults(v)
+
+
+def check_sampling_defaults(v: dict[str, float] | None) -> dict[str, float] | None:
+    """engine.sampling_defaults (and a scenario's): temperature in [0, 2], top_p in (0, 1],
+    nothing else."""
+    unknown = sorted(set(v or ()) - {"temperature", "top_p"})
+    if unknown:
+        raise ValueError(f"sampling_defaults takes temperature and top_p, not {unknown}")
+    if v and not 0 <= v.get("temperature", 0) <= 2:
+        raise ValueError("sampling_defaults.temperature must be between 0 and 2")
+    if v and not 0 < v.get("top_p", 1) <= 1:
+        raise ValueError("sampling_defaults.top_p must be in (0, 1]")
+    return v

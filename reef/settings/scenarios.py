@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from reef.settings.engine import check_sampling_defaults
 from reef.settings.metrics import Metrics
 from reef.settings.section import Section
 
@@ -24,6 +25,25 @@ PROCESS_KEYS = frozenset(
         "train",
     }
 )
+
+
+class ScenarioEngine(Section):
+    """scenarios.<name>.engine: how the engine samples this scenario's calls. The rest of the
+    engine section (which model, where it runs, its limits) is the process's, shared by every
+    scenario it serves."""
+
+    sampling_defaults: dict[str, float] | None = Field(
+        None,
+        description="temperature / top_p given to this scenario's requests that name neither "
+        "(as engine.sampling_defaults, which it replaces as a whole for the scenario); {}: "
+        "none, the request's own values or the engine's plain ones; unset: engine."
+        "sampling_defaults",
+    )
+
+    @field_validator("sampling_defaults")
+    @classmethod
+    def _sampling_ranges(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return check_sampling_defaults(v)
 
 
 class ScenarioSettings(Section):
@@ -47,6 +67,12 @@ class ScenarioSettings(Section):
         "(sample, unsure_below, disagreement, canary), lease_s",
     )
 
+    engine: ScenarioEngine = Field(
+        default_factory=ScenarioEngine,
+        description="engine.sampling_defaults for this scenario's calls (the other engine "
+        "keys are process-wide)",
+    )
+
     metrics: Metrics = Field(
         default_factory=dict,
         description="named metrics this scenario's reports may carry, beside the top-level "
@@ -62,11 +88,17 @@ class ScenarioSettings(Section):
         return v
 
 
+# Mappings replaced as a whole by an override, never merged: a scenario's sampling values are
+# one choice ({} must turn the configuration's off, not keep them).
+WHOLE = frozenset({"sampling_defaults"})
+
+
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`override` over `base`, mappings merged key by key, anything else replaced."""
+    """`override` over `base`, mappings merged key by key (but those named in WHOLE), anything
+    else replaced."""
     out = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in WHOLE:
             out[key] = merged(out[key], value)
         else:
             out[key] = value

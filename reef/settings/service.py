@@ -66,8 +66,8 @@ class Settings(BaseSettings):
     )
     scenarios: dict[str, ScenarioSettings] = Field(
         default_factory=dict,
-        description="per-scenario learning settings (reef, gate, judge, metrics) over the "
-        "top-level ones",
+        description="per-scenario settings (reef, gate, judge, review, metrics, "
+        "engine.sampling_defaults) over the top-level ones",
     )
 
     @model_validator(mode="after")
@@ -104,6 +104,9 @@ class Settings(BaseSettings):
                 )
             except ValidationError as e:
                 raise ValueError(f"scenarios.{name}.{section}: {describe(e)}") from None
+        sampling = override.engine.sampling_defaults
+        if sampling is not None:  # how the engine samples this scenario's calls
+            update["engine"] = self.engine.model_copy(update={"sampling_defaults": dict(sampling)})
         if override.metrics:  # the scenario's metrics beside (or instead of) the top-level ones
             update["metrics"] = {**self.metrics, **override.metrics}
         resolved = self.model_copy(update={**update, "scenarios": {}})

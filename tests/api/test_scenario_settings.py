@@ -95,7 +95,8 @@ def test_an_admin_changes_a_scenario_live(server: InProcessReef) -> None:
         ({"reef": {"batch_size": 0}}, "batch_size"),
         ({"gate": {"nope": 1}}, "unknown key 'nope'"),
         ({"reef": {"worker_priority": "low"}}, "process-wide"),
-        ({"engine": {}}, "engine"),
+        ({"engine": {"model": "other"}}, "unknown key 'engine.model'"),
+        ({"engine": {"sampling_defaults": {"temperature": 3}}}, "between 0 and 2"),
     ],
 )
 def test_bad_settings_are_400_naming_the_key(

@@ -102,29 +102,87 @@ def test_a_setting_overrides_or_disables_the_model_defaults(recommending_dir: Pa
         EngineSettings(sampling_defaults={"top_k": 40})
 
 
-def test_the_record_names_the_values(recommending_dir: Path, tmp_path: Path) -> None:
-    with InProcessReef(tmp_path, engine={"model": str(recommending_dir)}) as server:
-        client = openai.OpenAI(
-            base_url=server.base_url, api_key="unused", default_headers={"x-reef-scenario": "s"}
-        )
-        model = recommending_dir.name
-        tags = {}
-        for params in ({}, {"temperature": 0.0}):
-            raw = client.chat.completions.with_raw_response.create(
-                model=model, messages=QUESTION, max_tokens=4, **params
-            )
-            receipt = raw.headers["x-reef-agent-record-id"]
-            record = httpx.get(f"{server.url}/reef/scenarios/s/records/{receipt}").json()
-            tags[len(params)] = record["tags"]
-    assert tags[0] == sampling_tags(
-        {"temperature": 0.2, "top_p": 0.5, "defaults": ["temperature", "top_p"]}
+def _tags(server: InProcessReef, scenario: str, stream: bool = False, **params: Any) -> Any:
+    """The sampling tags of the record of one call to `scenario` through the openai SDK."""
+    client = openai.OpenAI(
+        base_url=server.base_url, api_key="unused", default_headers={"x-reef-scenario": scenario}
     )
-    assert tags[0] == {
-        "reef.temperature": "0.2",
-        "reef.top_p": "0.5",
-        "reef.sampling_defaults": "temperature,top_p",
+    raw = client.chat.completions.with_raw_response.create(
+        model=Path(server.settings.engine.model).name,
+        messages=QUESTION,
+        max_tokens=4,
+        stream=stream,
+        **params,
+    )
+    if stream:
+        list(raw.parse())  # the record is durable once the stream has ended
+    receipt = raw.headers["x-reef-agent-record-id"]
+    record = httpx.get(f"{server.url}/reef/scenarios/{scenario}/records/{receipt}").json()
+    return {
+        k: v
+        for k, v in record["tags"].items()
+        if k in ("reef.temperature", "reef.top_p", "reef.sampling_defaults")
     }
-    assert tags[1] == {"reef.temperature": "0.0", "reef.top_p": "1.0"}
+
+
+MODEL_DEFAULTS = {
+    "reef.temperature": "0.2",
+    "reef.top_p": "0.5",
+    "reef.sampling_defaults": "temperature,top_p",
+}
+
+
+def test_the_record_names_the_values_each_scenario_its_own(
+    recommending_dir: Path, tmp_path: Path
+) -> None:
+    """The model's values, a scenario's own from the configuration ({} turning them off), and
+    a scenario's changed at run time; each record names what its answer was sampled with."""
+    scenarios = {
+        "greedy": {"engine": {"sampling_defaults": {"temperature": 0.0}}},
+        "plain": {"engine": {"sampling_defaults": {}}},
+    }
+    with InProcessReef(
+        tmp_path, engine={"model": str(recommending_dir)}, scenarios=scenarios
+    ) as server:
+        assert _tags(server, "s") == sampling_tags(
+            {"temperature": 0.2, "top_p": 0.5, "defaults": ["temperature", "top_p"]}
+        )
+        assert _tags(server, "s") == MODEL_DEFAULTS
+        assert _tags(server, "s", temperature=0.0) == {
+            "reef.temperature": "0.0",
+            "reef.top_p": "1.0",
+        }
+        greedy = {
+            "reef.temperature": "0.0",
+            "reef.top_p": "1.0",
+            "reef.sampling_defaults": "temperature",
+        }
+        assert _tags(server, "greedy") == greedy
+        assert _tags(server, "greedy", stream=True) == greedy
+        assert _tags(server, "greedy", top_p=0.9) == {
+            "reef.temperature": "1.0",
+            "reef.top_p": "0.9",
+        }
+        assert _tags(server, "plain") == {"reef.temperature": "1.0", "reef.top_p": "1.0"}
+        # At run time, without a restart: this replica applies it from the next call.
+        url = f"{server.url}/reef/scenarios/s/settings"
+        bad = httpx.put(url, json={"engine": {"sampling_defaults": {"top_k": 5}}})
+        assert bad.status_code == 400 and "top_k" in bad.json()["error"]["message"]
+        put = httpx.put(url, json={"engine": {"sampling_defaults": {"temperature": 0.7}}})
+        assert put.status_code == 200, put.text
+        assert put.json()["effective"]["engine"] == {"sampling_defaults": {"temperature": 0.7}}
+        assert _tags(server, "s") == {
+            "reef.temperature": "0.7",
+            "reef.top_p": "1.0",
+            "reef.sampling_defaults": "temperature",
+        }
+        # A run-time {} replaces the configuration's values as a whole (never merged into them).
+        url = f"{server.url}/reef/scenarios/greedy/settings"
+        assert httpx.put(url, json={"engine": {"sampling_defaults": {}}}).status_code == 200
+        assert _tags(server, "greedy") == {"reef.temperature": "1.0", "reef.top_p": "1.0"}
+        # Dropping the run-time keys brings back the configuration's.
+        assert httpx.put(url, json={}).status_code == 200
+        assert _tags(server, "greedy") == greedy
 
 
 @pytest.mark.slow

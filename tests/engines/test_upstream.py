@@ -701,3 +701,28 @@ def test_sampling_defaults_fill_a_request_that_names_none(echo_url: str) -> None
     plain, _ = run(with_engine(echo_url, go))
     assert "temperature" not in plain.response["echo_request"]["body"]
     assert plain.sampling == {"temperature": None, "top_p": None, "defaults": []}
+
+
+def test_a_scenario_s_sampling_defaults_replace_the_engine_s(echo_url: str) -> None:
+    """A call's own sampling_defaults (a scenario's) stand for the engine's, streamed or not;
+    {} sends none of them."""
+    reflect = {"echo_upstream": {"reflect": True}}
+
+    async def go(engine: UpstreamEngine) -> list[Completion]:
+        streamed = [
+            x async for x in engine.stream(chat(**reflect), sampling_defaults={"top_p": 0.8})
+        ]
+        assert isinstance(streamed[-1], Completion)
+        return [
+            await engine.complete(chat(**reflect), sampling_defaults={"top_p": 0.8}),
+            await engine.complete(chat(**reflect), sampling_defaults={}),
+            streamed[-1],
+        ]
+
+    own, off, streamed = run(with_engine(echo_url, go, sampling_defaults={"temperature": 0.2}))
+    assert own.response["echo_request"]["body"]["top_p"] == 0.8
+    assert "temperature" not in own.response["echo_request"]["body"]
+    assert own.sampling == {"temperature": None, "top_p": 0.8, "defaults": ["top_p"]}
+    assert streamed.sampling == own.sampling
+    assert not {"temperature", "top_p"} & set(off.response["echo_request"]["body"])
+    assert off.sampling == {"temperature": None, "top_p": None, "defaults": []}

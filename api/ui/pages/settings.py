@@ -31,7 +31,7 @@ def as_yaml(value: Any) -> str:
 
 
 def parse(text: str) -> dict[str, Any]:
-    """The form's YAML as run-time keys ({reef, gate, judge, metrics, review}), checked as the admin
+    """The form's YAML as run-time keys ({reef, gate, judge, metrics, review, engine}), checked as the admin
     route checks its body (400 naming what is wrong)."""
     try:
         data = yaml.safe_load(text) if text.strip() else {}
@@ -39,7 +39,7 @@ def parse(text: str) -> dict[str, Any]:
         raise BadRequest(f"not YAML: {e}", code="invalid_settings", param="settings") from None
     if not isinstance(data, dict):
         raise BadRequest(
-            "the settings are a mapping of reef, gate, judge, metrics and review",
+            "the settings are a mapping of reef, gate, judge, metrics, review and engine",
             code="invalid_settings",
             param="settings",
         )
@@ -99,6 +99,7 @@ async def save(request: Request, scenario: str) -> Response:
     try:
         keys = parse(text)
         await call(change, svc.settings, svc.store, name, keys, who.principal.name, expected)
+        svc.serving.forget(name)  # this replica samples with the change from the next call
     except (BadRequest, Conflict) as e:  # the page again, the edit kept, saying why
         return await _page(request, svc, who, name, text, e.message, e.status)
     return back(name, "settings", "settings_saved")
