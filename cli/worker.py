@@ -33,6 +33,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,32 @@ log = logging.getLogger("reef.worker")
 RETENTION_EVERY_S = 3600.0
 
 
+class Outage:
+    """The store (or another dependency) away while a task keeps ticking: one warning when it
+    goes, one line when it is back, and nothing in between (a traceback every schedule tick
+    while Postgres restarts buries what else the log says). Ticks may come from several
+    threads."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self, error: ReefError) -> None:
+        with self._lock:
+            first, self._since = self._since is None, self._since or time.monotonic()
+        if first:
+            log.warning("%s unavailable, tried again each tick: %s", self.what, error.message)
+        else:
+            log.debug("%s still unavailable: %s", self.what, error.message)
+
+    def ok(self) -> None:
+        with self._lock:
+            since, self._since = self._since, None
+        if since is not None:
+            log.info("%s back after %.0f s", self.what, time.monotonic() - since)
+
+
 class Worker:
     """The worker's parts: its runs, the triggers waiting for the dispatcher, and the
     background tasks; `start()` and `stop()` them together."""
@@ -72,6 +99,7 @@ class Worker:
         self.inbox: queue.SimpleQueue[Trigger] = queue.SimpleQueue()
         # scenario -> its deployment run still owning a batch (written by the run threads)
         self.submitted: dict[str, str] = {}
+        self.store_outage = Outage("the store (scanning scenarios)")
         self._preload = threading.Thread(target=preload, name="reef-worker-preload", daemon=True)
         self.dispatcher = BackgroundTask("worker-dispatch", self.dispatch)
         self.tasks = [self.dispatcher]
@@ -151,7 +179,12 @@ class Worker:
         names = {t.scenario for t in triggers if t.kind == "evolve" and t.scenario}
         scanned = any(t.kind == "scan" for t in triggers)
         if scanned:
-            names = self._scenarios()
+            try:
+                names = self._scenarios()
+            except ReefError as e:  # the next tick scans again
+                self.store_outage.failed(e)
+                return
+            self.store_outage.ok()
         for scenario in sorted(names):
             key = f"evolve {scenario}"
             if self.runs.running(key):
@@ -226,15 +259,22 @@ def judging(settings: Settings, notify: Callable[[Trigger], None]) -> Background
     from reef.store.sql import open_store
 
     judge = Judging(settings, open_store(settings.database_url))
+    outage = Outage("the store (judging)")
 
     def step() -> None:
-        # the scenarios whose own settings learn from judgments (scenarios.<name>)
-        names = [
-            s.name
-            for s in judge.store.list_scenarios()
-            if judging_enabled(learning_settings(settings, judge.store, s.name), s.name)
-        ]
-        for scenario in sorted(judge.run_pass(names)):
+        try:
+            # the scenarios whose own settings learn from judgments (scenarios.<name>)
+            names = [
+                s.name
+                for s in judge.store.list_scenarios()
+                if judging_enabled(learning_settings(settings, judge.store, s.name), s.name)
+            ]
+            judged = judge.run_pass(names)
+        except ReefError as e:  # the next pass judges what this one could not
+            outage.failed(e)
+            return
+        outage.ok()
+        for scenario in sorted(judged):
             notify(Trigger.evolve(scenario))
 
     log.info("judging next turns and text-only reports every %.1f s", settings.judge.poll_s)

@@ -48,3 +48,30 @@ def test_the_worker_scans_every_scenario_at_its_start(
     # no report arrived: the start alone asked for a look at each
     assert {"support", "billing"} <= set(scenarios)
     assert sorted(asked) == [(name, True) for name in scenarios]
+
+
+def test_a_store_away_is_one_warning_and_one_line_when_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The schedule's scans while the store is away: one warning, no traceback, then one line
+    when a scan reads the store again (the real Worker, its dispatcher called directly)."""
+    url = f"sqlite:///{tmp_path / 'reef.db'}"
+    settings = load_settings(None, store={"database_url": url})
+    worker = worker_cli.Worker(settings, None, {})
+    worker._preload = threading.Thread(target=lambda: None)
+    worker._preload.start()
+    (tmp_path / "reef.db").mkdir()  # a path SQLite cannot open: every read fails
+    caplog.set_level("DEBUG", logger="reef.worker")
+    for _ in range(3):
+        worker.notify(worker_cli.Trigger.scan())
+        worker.dispatch()
+    away = [r for r in caplog.records if r.name == "reef.worker" and r.levelname == "WARNING"]
+    assert len(away) == 1 and "unavailable" in away[0].getMessage()
+    assert all(r.exc_info is None for r in caplog.records)
+    (tmp_path / "reef.db").rmdir()
+    store = open_store(url)
+    store.migrate()
+    store.close()
+    worker.notify(worker_cli.Trigger.scan())
+    worker.dispatch()
+    assert any("back after" in r.getMessage() for r in caplog.records)
