@@ -137,7 +137,7 @@ class ReleaseChain:
         candidate = weights_candidate(
             self.settings, self.artifacts, head, files, kind, decision, provenance
         )
-        return self.store.add_candidate(candidate, self._registered(candidate))
+        return self._stored(candidate)
 
     def add_harness_candidate(
         self,
@@ -150,7 +150,30 @@ class ReleaseChain:
         candidate = harness_candidate(
             self.settings, self.artifacts, head, harness, decision, provenance
         )
-        return self.store.add_candidate(candidate, self._registered(candidate))
+        return self._stored(candidate)
+
+    def _stored(self, candidate: Candidate) -> Candidate:
+        """`candidate` written to the store. When the write fails (the database away; the run's
+        task retries with a new candidate), its MLflow version is tagged UNRECORDED, for the
+        scenario's next recover to settle: each failed try left a version nothing names."""
+        try:
+            return self.store.add_candidate(candidate, self._registered(candidate))
+        except BaseException as e:
+            if candidate.model_uri:
+                try:
+                    registry.set_tag(
+                        self.settings.tracking_uri, candidate.model_uri, registry.UNRECORDED, "true"
+                    )
+                except Exception as tagging:  # MLflow away too: the version stays, logged
+                    log.warning("tagging %s unrecorded failed: %s", candidate.model_uri, tagging)
+                log.warning(
+                    "candidate %s not stored (%s): %s tagged %s",
+                    candidate.id,
+                    e,
+                    candidate.model_uri,
+                    registry.UNRECORDED,
+                )
+            raise
 
     # moving the head ----------------------------------------------------------------------
     def publish(
@@ -425,8 +448,35 @@ class ReleaseChain:
                     done.append(f"{cand.id}: {why}: marked failed")
         if (line := self._mirror_head(scenario)) is not None:
             done.append(line)
+        done += self._settle_unrecorded(scenario)
         for line in done:
             log.warning("recovered what a run left of %s: %s", scenario, line)
+        return done
+
+    def _settle_unrecorded(self, scenario: str) -> list[str]:
+        """The scenario's MLflow versions tagged UNRECORDED (a candidate write that failed):
+        deleted when the store has no such candidate, untagged when it has (the write went
+        through and only its answer was lost). MLflow away: logged, the next recover tries."""
+        uri = self.settings.tracking_uri
+        try:
+            versions = registry.unrecorded(uri, scenario)
+        except Exception as e:
+            log.warning("looking for unrecorded MLflow versions of %s failed: %s", scenario, e)
+            return []
+        done = []
+        for model_uri, release_id in versions:
+            try:
+                self.store.get_candidate(scenario, release_id)
+                recorded = True
+            except NotFound:
+                recorded = False
+            try:
+                registry.forget_unrecorded(uri, model_uri, recorded)
+            except Exception as e:
+                log.warning("settling %s failed: %s", model_uri, e)
+                continue
+            what = "its candidate is stored: untagged" if recorded else "no candidate: deleted"
+            done.append(f"{model_uri} (unrecorded) {what}")
         return done
 
     def _mirror_head(self, scenario: str) -> str | None:

@@ -50,6 +50,7 @@ from reef.registry.names import (
     RELEASE_ID,
     RELEASED,
     STATUS,
+    UNRECORDED,
     model_name,
     model_uri,
 )
@@ -59,10 +60,12 @@ from reef.registry.versions import (
     approval,
     approval_by,
     champion,
+    forget_unrecorded,
     get_tags,
     mark,
     set_champion,
     set_tag,
+    unrecorded,
     version_for_release,
 )
 
@@ -92,12 +95,14 @@ __all__ = [
     "RELEASE_ID",
     "STATUS",
     "STORE_SETUP_TIMEOUT_S",
+    "UNRECORDED",
     "EnvOverride",
     "ReleaseModel",
     "approval",
     "approval_by",
     "champion",
     "ensure_experiment",
+    "forget_unrecorded",
     "get_tags",
     "load",
     "mark",
@@ -108,6 +113,7 @@ __all__ = [
     "s3_endpoint",
     "set_champion",
     "set_tag",
+    "unrecorded",
     "version_for_release",
 ]
 

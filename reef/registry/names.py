@@ -33,6 +33,9 @@ GATE = "reef.gate"
 STATUS = "reef.status"
 APPROVAL = "reef.approval"
 APPROVED_BY = "reef.approved_by"
+# A version whose candidate the store did not take (the database away when it was written):
+# the scenario's next recover deletes it, or untags it if the write went through after all.
+UNRECORDED = "reef.unrecorded"
 METRIC_PREFIX = "reef.metric."
 
 # reef.status values written here; `mark` accepts others of the same shape (e.g. "pending")

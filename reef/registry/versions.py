@@ -19,6 +19,7 @@ from reef.registry.names import (
     RELEASE_ID,
     RELEASED,
     STATUS,
+    UNRECORDED,
     model_name,
 )
 
@@ -98,6 +99,31 @@ def version_for_release(
         max_results=1,
     )
     return f"models:/{name}/{found[0].version}" if found else None
+
+
+def unrecorded(
+    tracking_uri: str, scenario: str, *, registry_uri: str | None = None
+) -> list[tuple[str, str]]:
+    """(model URI, release id) of the scenario's versions tagged UNRECORDED, oldest first."""
+    client = mlflow_client(tracking_uri, registry_uri)
+    name = model_name(scenario)
+    found = client.search_model_versions(
+        f"name = '{name}' and tags.`{UNRECORDED}` = 'true'", order_by=["version_number ASC"]
+    )
+    return [(f"models:/{name}/{mv.version}", mv.tags.get(RELEASE_ID, "")) for mv in found]
+
+
+def forget_unrecorded(
+    tracking_uri: str, model_uri: str, recorded: bool, *, registry_uri: str | None = None
+) -> None:
+    """An UNRECORDED version settled: its tag removed when the store has its candidate after
+    all (`recorded`), else the version deleted (nothing in Reef names it)."""
+    client = mlflow_client(tracking_uri, registry_uri)
+    mv = version_of(client, model_uri)
+    if recorded:
+        client.delete_model_version_tag(mv.name, mv.version, UNRECORDED)
+    else:
+        client.delete_model_version(mv.name, mv.version)
 
 
 def get_tags(

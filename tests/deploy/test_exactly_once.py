@@ -349,3 +349,43 @@ def test_a_publish_that_fails_consumes_nothing(
         assert chain.store.get_candidate(s, cand.id).status == "failed"
         assert chain.store.consumed_record_ids(s, "sft") == set()
         assert len(collect(chain.store, s, "scored", recipe="sft").samples) == len(reported)
+
+
+@pytest.mark.faults  # two MLflow registrations: ~9 s, in the fault matrix's stage
+def test_a_candidate_the_store_did_not_take_leaves_no_mlflow_version(
+    server: InProcessReef, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate write that fails after its MLflow version exists (the database away) tags
+    the version; the scenario's next recover deletes it when the store has no such candidate,
+    and only untags it when the write went through and its answer was lost."""
+    from mlflow import MlflowClient
+
+    from reef.errors import StoreError
+
+    scenario = "once-unrecorded"
+    uri = server.settings.tracking_uri
+    with ReleaseChain.for_settings(server.settings) as chain:
+        real = type(chain.store).add_candidate
+        tries = {"n": 0}
+
+        def add_candidate(self: Any, candidate: Candidate, events: Any = ()) -> Candidate:
+            tries["n"] += 1
+            if tries["n"] == 2:  # written, then the connection drops before the answer
+                real(self, candidate, events)
+            raise StoreError(f"database away ({tries['n']})")
+
+        monkeypatch.setattr(type(chain.store), "add_candidate", add_candidate)
+        for _ in range(2):
+            with pytest.raises(StoreError):
+                _candidate(chain, scenario, adapter, "rejected")
+        monkeypatch.undo()
+        tagged = registry.unrecorded(uri, scenario)
+        assert len(tagged) == 2
+        kept = chain.store.list_candidates(scenario)
+        assert [c.id for c in kept] == [tagged[1][1]]
+        done = chain.recover(scenario)
+        assert len(done) == 2 and registry.unrecorded(uri, scenario) == []
+        versions = MlflowClient(uri).search_model_versions(f"name = 'reef-{scenario}'")
+        named = {v.tags.get(registry.RELEASE_ID) for v in versions}
+        assert tagged[0][1] not in named and tagged[1][1] in named
+        assert chain.recover(scenario) == []  # settled: nothing more to do
