@@ -129,7 +129,9 @@ test-ui: venv
 	$(BIN)/pytest -m ui $(PYTEST_ARGS)
 
 # A real demo round on SmolLM2, then the dashboard in Chromium: the overview and the learning
-# page lead with the held-out pass rate's rise and the change in correct answers.
+# page lead with the held-out pass rate's rise and the change in correct answers. And the
+# reviewer loop on SmolLM2: eight corrections from the queue, the next release's style measured
+# on held-out questions through the openai SDK (tests/ui/test_review_style.py).
 test-demo: venv smollm2
 	$(BIN)/pytest -m demo $(PYTEST_ARGS)
 

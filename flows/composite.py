@@ -204,7 +204,8 @@ def register(settings: Settings, head: Release, done: Steps) -> Registered:
         assert done.harness is not None
         made = _provenance(done.harness.provenance, done, "weights", done.weights)
         decision = combined(done, done.harness.decision)
-        return register_harness(settings, head, done.harness.harness, decision, made)
+        registered = register_harness(settings, head, done.harness.harness, decision, made)
+        return dataclasses.replace(registered, guard_answers=done.harness.failed)
     assert done.weights is not None
     made = _provenance(done.weights.provenance, done, "harness", done.harness)
     if "harness" in passed:  # both passed: one release serves the new weights and harness
@@ -212,7 +213,9 @@ def register(settings: Settings, head: Release, done: Steps) -> Registered:
         made = made.with_metadata({"harness": ref})
     trained = done.weights.trained
     decision = combined(done, done.weights.decision)
-    return register_weights(settings, head, trained.path, trained.kind, decision, made)
+    registered = register_weights(settings, head, trained.path, trained.kind, decision, made)
+    # the weights step's guard answers: its guards were answered by the weights registered
+    return dataclasses.replace(registered, guard_answers=done.weights.failed)
 
 
 def _provenance(own: Provenance, done: Steps, other: str, judged: Any) -> Provenance:

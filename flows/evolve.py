@@ -38,7 +38,7 @@ from reef.flows.experience import (
     materialize_snapshot,
     validate_snapshot,
 )
-from reef.flows.release import Registered, prefect_run, recover, release
+from reef.flows.release import Registered, keep_guard_answers, prefect_run, recover, release
 from reef.judge import judge_quality
 from reef.readiness import EMPTY_POOL, judge_refusal
 from reef.recipe import Recipe, WeightsRecipe, load_recipe
@@ -402,4 +402,8 @@ def release_candidate(
     }
     if registered.steps is not None:  # composite: which step passed its gate, and why
         result["steps"] = registered.steps
+    # before the verdict is carried out: a manual gate may wait days for its approval
+    kept = keep_guard_answers(run.settings, registered)
+    if kept:
+        result["guard_answers_kept"] = kept
     return {**result, **release(run.settings, registered, receipts)}

@@ -19,23 +19,26 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from reef import guard_answers
 from reef.artifacts import artifacts_for
 from reef.deploy.engine import DeployError, EngineAdmin
 from reef.errors import EngineUnavailable, NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, held_for_review, log_gate, register_harness
 from reef.gate import Decision
+from reef.guard_answers import GuardAnswer
 from reef.harness import Harness, HarnessCache, changed_executable, diff
 from reef.provenance import Provenance
 from reef.recipes.harness.episodes import (
     EpisodeError,
     Generate,
+    Outcome,
     PairedEvaluation,
     Scorer,
     Task,
@@ -199,16 +202,21 @@ def guard_scores(
     head: Harness,
     head_release: Release,
     p: HarnessParams,
+    failed: list[GuardAnswer] | None = None,
 ) -> dict[str, tuple[list[float], list[float]]]:
     """Paired episodes on each guard's tasks (gate.guards), scored by the guard's scorer; the
-    head's episodes are not cached across runs here (the cache's key does not name a scorer)."""
+    head's episodes are not cached across runs here (the cache's key does not name a scorer).
+    `failed`, when given, receives the candidate's answers a guard's scorer failed: the first
+    failed episode of each task (an infrastructure failure is none: it has no answer)."""
     from reef.recipes.scorers import scorer_named
 
     out: dict[str, tuple[list[float], list[float]]] = {}
     for g in settings.gate.guards:
+        tasks = task_set(g.dataset)
+        episodes: list[Outcome] = []
         result = paired_evaluation(
             generate,
-            task_set(g.dataset),
+            tasks,
             candidate,
             head,
             repeats=p.repeats,
@@ -216,8 +224,29 @@ def guard_scores(
             weights_id=head_release.weights_id,
             sampling={"temperature": p.temperature, "max_tokens": p.max_tokens},
             cache={},
+            answers=episodes,
         )
         out[g.name] = (result.candidate, result.head)
+        if failed is not None:
+            failed += _failed_episodes(g.name, tasks, episodes)
+    return out
+
+
+def _failed_episodes(guard: str, tasks: list[Task], episodes: list[Outcome]) -> list[GuardAnswer]:
+    """Per task, its first candidate episode the guard's scorer failed, in task order."""
+    by_id = {t.task_id: t for t in tasks}
+    out: list[GuardAnswer] = []
+    seen: set[str] = set()
+    for e in episodes:
+        if e.score is None or e.task_id in seen:
+            continue
+        t = by_id[e.task_id]
+        got = guard_answers.failed(
+            guard, [(t.task_id, t.messages, t.columns)], [e.answer], [e.score]
+        )
+        if got:
+            seen.add(e.task_id)
+            out += got
     return out
 
 
@@ -230,6 +259,7 @@ class Judged:
     head: Harness
     decision: Decision
     provenance: Provenance
+    failed: tuple[GuardAnswer, ...] = ()  # the candidate's answers a guard failed
 
 
 def candidate(
@@ -245,7 +275,8 @@ def candidate(
     path, inside its MLflow run). Raises NothingToTrain when there is nothing to learn from
     or the proposer changed nothing."""
     got = judge(settings, recipe, head, train_rows, held_out, dataset_id, run_id)
-    return register_harness(settings, head, got.harness, got.decision, got.provenance)
+    registered = register_harness(settings, head, got.harness, got.decision, got.provenance)
+    return replace(registered, guard_answers=got.failed)
 
 
 def judge(
@@ -292,7 +323,8 @@ def judge(
         mlflow.log_dict(dict(new.files), f"{slash}harness_files.json")
         gate_tasks, scorer = eval_tasks(settings, recipe, held_out)
         result = evaluate(settings, generate, gate_tasks, scorer, new, current, head, p)
-        on_guards = guard_scores(settings, generate, new, current, head, p)
+        failed: list[GuardAnswer] = []
+        on_guards = guard_scores(settings, generate, new, current, head, p, failed)
     finally:
         admin.close()
     decision = gate(result.candidate, result.head, settings, on_guards)
@@ -302,4 +334,4 @@ def judge(
     metrics = {**found.metrics, **result.metrics(), **decision.metrics()}
     log_gate(decision, result.__dict__, metrics, step)
     made = Provenance(recipe=recipe.name, dataset_id=dataset_id, metrics=metrics, run_id=run_id)
-    return Judged(new, current, decision, made)
+    return Judged(new, current, decision, made, tuple(failed))

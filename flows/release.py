@@ -28,10 +28,11 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from reef import faults
+from reef import faults, guard_answers
 from reef.deploy.chain import ReleaseChain
 from reef.flows.experience import add_receipts
 from reef.gate import Decision, GatePolicy, check_guard, decide, with_guards
+from reef.guard_answers import GuardAnswer
 from reef.harness import Harness
 from reef.provenance import Provenance
 from reef.records import Candidate, Consumption, Release, utcnow
@@ -97,6 +98,8 @@ class Registered:
     decision: Decision
     # the composite recipe's steps: their order, which passed, each one's verdict and reason
     steps: dict[str, Any] | None = None
+    # the candidate's answers a gate guard failed (kept for review: keep_guard_answers)
+    guard_answers: tuple[GuardAnswer, ...] = ()
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -130,6 +133,32 @@ def register_harness(
         made = provenance.with_metadata(prefect_run())
         candidate = chain.add_harness_candidate(head, harness, decision, made)
     return Registered(candidate, decision)
+
+
+def keep_guard_answers(settings: Settings, registered: Registered) -> int:
+    """The candidate's failed guard answers as records of its scenario, queued for review,
+    where the scenario's `review.guard_failed` is on (reef.guard_answers). Returns how many
+    there were. Never fails the run: the candidate's verdict does not depend on them."""
+    from reef.store.sql import open_store
+
+    answers = registered.guard_answers
+    if not (answers and settings.review.guard_failed):
+        return 0
+    try:
+        store = open_store(settings.database_url)
+        try:
+            kept = guard_answers.keep(store, registered.candidate, answers)
+        finally:
+            store.close()
+    except Exception as e:
+        log.warning("keeping the guard answers of %s failed: %s", registered.candidate.id, e)
+        return 0
+    get_run_logger().info(
+        "%d answers of candidate %s a guard failed are in the review queue",
+        len(kept),
+        registered.candidate.id,
+    )
+    return len(kept)
 
 
 def recover(settings: Settings, scenario: str) -> list[str]:

@@ -13,18 +13,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from reef import faults
+from reef import faults, guard_answers
 from reef.deploy.chain import ReleaseChain
 from reef.errors import NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, log_gate, register_weights
 from reef.gate import Decision
+from reef.guard_answers import GuardAnswer
 from reef.provenance import Provenance
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
 from reef.recipes.scorers import scorer_named
@@ -43,6 +44,12 @@ class Evaluation:
     seconds: float
     # per guard (gate.guards): the candidate's and the head's scores on its task set
     guards: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    # the candidate's answers the guards' scorers failed (reef.guard_answers), for review
+    failed: list[GuardAnswer] = field(default_factory=list)
+
+    def logged(self) -> dict[str, Any]:
+        """What the run's gate.json holds of it: the scores, not the failed answers' texts."""
+        return {k: v for k, v in self.__dict__.items() if k != "failed"}
 
 
 def base_model(settings: Settings) -> Path:
@@ -163,10 +170,10 @@ def evaluate(
 
     def scores(
         kind: str, path: Path | None, release_id: str | None = None
-    ) -> tuple[list[float], dict[str, list[float]]]:
-        """The model's scores on the evaluation set and on each guard's tasks (loaded once, and
-        only when needed: a head whose replay log-probs are all known and that no guard
-        checks is not loaded at all)."""
+    ) -> tuple[list[float], dict[str, list[float]], dict[str, list[str]]]:
+        """The model's scores on the evaluation set, and its scores and answers on each guard's
+        tasks (loaded once, and only when needed: a head whose replay log-probs are all known
+        and that no guard checks is not loaded at all)."""
         got: list[Any] = []
 
         def loaded() -> tuple[Any, Any]:
@@ -174,12 +181,14 @@ def evaluate(
                 got.extend(ev.load_model(model, kind, path))
             return got[0], got[1]
 
-        on_guards = {
-            name: ev.task_scores(*loaded(), tasks, guard, gate_cfg.max_tokens)[0]
-            for name, tasks, guard in guards
-        }
+        on_guards: dict[str, list[float]] = {}
+        answers: dict[str, list[str]] = {}
+        for name, tasks, guard in guards:
+            on_guards[name], answers[name] = ev.task_scores(
+                *loaded(), tasks, guard, gate_cfg.max_tokens
+            )
         if not samples:
-            return [], on_guards
+            return [], on_guards, answers
         if method == "replay":
             if release_id is None:
                 lps = ev.replay_logprobs(*loaded(), samples)
@@ -187,13 +196,13 @@ def evaluate(
                 lps = head_logprobs(
                     release_id, samples, lambda todo: ev.replay_logprobs(*loaded(), todo)
                 )
-            return ev.centered(lps, samples), on_guards
+            return ev.centered(lps, samples), on_guards, answers
         assert scorer is not None
         main = ev.task_scores(*loaded(), samples, scorer, gate_cfg.max_tokens)[0]
-        return main, on_guards
+        return main, on_guards, answers
 
-    head_scores, head_guards = scores(head.kind, head_path, head.id)
-    cand_scores, cand_guards = scores(candidate.kind, candidate.path)
+    head_scores, head_guards, _ = scores(head.kind, head_path, head.id)
+    cand_scores, cand_guards, cand_answers = scores(candidate.kind, candidate.path)
     return Evaluation(
         method if samples else "none",
         [s.sample_id for s in samples],
@@ -201,7 +210,27 @@ def evaluate(
         head_scores,
         round(time.monotonic() - started, 3),
         {name: (cand_guards[name], head_guards[name]) for name, _, _ in guards},
+        _failed([(name, tasks) for name, tasks, _ in guards], cand_answers, cand_guards),
     )
+
+
+def _failed(
+    guards: list[tuple[str, list[Any]]],
+    answers: dict[str, list[str]],
+    scores: dict[str, list[float]],
+) -> list[GuardAnswer]:
+    """The candidate's answers each guard's scorer failed: (guard name, its task samples),
+    with the candidate's answers and scores per guard."""
+    return [
+        a
+        for name, tasks in guards
+        for a in guard_answers.failed(
+            name,
+            [(t.sample_id, t.messages, t.columns or {}) for t in tasks],
+            answers[name],
+            scores[name],
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -212,6 +241,7 @@ class Judged:
     trained: Trained
     decision: Decision
     provenance: Provenance
+    failed: tuple[GuardAnswer, ...] = ()  # the candidate's answers a guard failed
 
 
 def candidate(
@@ -231,9 +261,10 @@ def candidate(
             settings, recipe, model, head, snapshot, train_rows, held_out, run_id, Path(tmp)
         )
         trained = got.trained
-        return register_weights(
+        registered = register_weights(
             settings, head, trained.path, trained.kind, got.decision, got.provenance
         )
+        return replace(registered, guard_answers=got.failed)
 
 
 def judge(
@@ -281,7 +312,7 @@ def judge(
         "eval_seconds": evaluation.seconds,
         **decision.metrics(),
     }
-    log_gate(decision, evaluation.__dict__, metrics, step)
+    log_gate(decision, evaluation.logged(), metrics, step)
     faults.reached("evaluated", head.scenario)
     made = Provenance(
         recipe=recipe.name,
@@ -291,4 +322,4 @@ def judge(
         base_model=str(model),
         metadata=trained.metadata or {},
     )
-    return Judged(trained, decision, made)
+    return Judged(trained, decision, made, tuple(evaluation.failed))

@@ -201,6 +201,20 @@ class SettingsVersion:
 # like any other, never served traffic.
 IMPORTED_TAG = "reef.imported"
 
+# The tags of a guard answer (reef.guard_answers): a candidate's answer to a task of a gate guard
+# that the guard's scorer failed, kept for people to review. GUARD_TAG's value is the guard's
+# name; the others name the candidate that answered, the task, its score and the answer the
+# task expects. Never served traffic: no release's reported scores count a report on it (its
+# report_references carry GUARD_RELEASE), nor do the dashboard's calls per hour.
+GUARD_TAG = "reef.guard"
+GUARD_CANDIDATE_TAG = "reef.guard.candidate"
+GUARD_TASK_TAG = "reef.guard.task"
+GUARD_SCORE_TAG = "reef.guard.score"
+GUARD_EXPECTED_TAG = "reef.guard.expected"
+# What report_references.release_id holds for a guard answer, in place of the release it is
+# made on: a value no release id takes, so the per-release scores and a rollout's arms skip it.
+GUARD_RELEASE = "guard"
+
 # The tag of a streamed exchange cut before its end, its value why: "engine_error" (the engine
 # failed mid-stream) or "stream_closed" (the client left, or the server stopped). The record
 # holds what was streamed so far, so that the receipt the stream's headers carried names it; it

@@ -8,7 +8,10 @@ review (review.* settings, per scenario under scenarios.<name>.review).
   probability of its verdict);
 - disagreement: turns where the judge's verdict and a person's score disagree
   (reef.judge.person_vote, the rule of the judge's agreement with people);
-- canary: turns served by a candidate in canary.
+- canary: turns served by a candidate in canary;
+- guard_failed: a candidate's answers that a gate guard failed (reef.guard_answers). Those are
+  not picked here: the evolve flow keeps them as records when the gate has run and queues them
+  then, with reason `guard`.
 
 The queue itself lives in the store (reef.store.review): a turn is added once, whichever
 policy picked it first, and a fill on any replica at any time is safe.
@@ -45,6 +48,8 @@ def describe(policy: ReviewSettings) -> list[str]:
         out.append("turns where the judge and a person disagree")
     if policy.canary:
         out.append("turns served by a canary")
+    if policy.guard_failed:
+        out.append("a candidate's answers a gate guard failed")
     return out
 
 

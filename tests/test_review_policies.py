@@ -59,3 +59,11 @@ def test_each_policy_picks_its_turns() -> None:
         "turns where the judge and a person disagree",
         "turns served by a canary",
     ]
+
+
+def test_the_guard_policy_queues_at_the_gate_not_from_the_traffic() -> None:
+    guarded = ReviewSettings(guard_failed=True)
+    # a fill has nothing to look for: the evolve flow queues the answers as it keeps them
+    assert not guarded.active
+    assert describe(guarded) == ["a candidate's answers a gate guard failed"]
+    assert reason(guarded, "rec_1", "rel_a", [], frozenset()) is None

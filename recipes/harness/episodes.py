@@ -205,9 +205,12 @@ def paired_evaluation(
     sampling: Mapping[str, Any],
     cache: MutableMapping[str, float],
     progress: Callable[[int, int], None] | None = None,
+    answers: list[Outcome] | None = None,
 ) -> PairedEvaluation:
     """Candidate and head on the same tasks and seeds (0..repeats-1). `cache` holds head
-    episode scores by `head_key`; new ones are added to it (infrastructure failures never)."""
+    episode scores by `head_key`; new ones are added to it (infrastructure failures never).
+    `answers`, when given, receives every candidate episode (the guards' failed answers are
+    kept for review from them)."""
     started = time.monotonic()
     total = len(tasks) * repeats * 2
     done = episodes = cached = failures = 0
@@ -233,6 +236,8 @@ def paired_evaluation(
                 else:
                     failures += 1
             mine = run_episode(generate, candidate, task, seed, scorer)
+            if answers is not None:
+                answers.append(mine)
             episodes += 1
             failures += mine.infra_failure
             cand_scores.append(mine.score)

@@ -35,6 +35,12 @@ class ReviewSettings(Section):
     canary: bool = Field(
         False, description="turns served by a candidate in canary (rollout.canary_share)"
     )
+    guard_failed: bool = Field(
+        False,
+        description="answers a candidate gave to a gate guard's tasks that the guard's scorer "
+        "failed (scored below 1), kept at the gate as records tagged reef.guard (never served "
+        "traffic) and queued with reason guard; a correction of one trains as any correction",
+    )
     scan: int = Field(
         500, ge=1, le=10_000, description="the most recent turns each fill of the queue looks at"
     )
@@ -46,7 +52,9 @@ class ReviewSettings(Section):
 
     @property
     def active(self) -> bool:
-        """Whether any policy fills the queue."""
+        """Whether any policy picks from the recent turns (a fill has something to look for).
+        `guard_failed` is not one: the gate queues its answers as it keeps them
+        (reef.guard_answers)."""
         return bool(
             self.sample or self.unsure_below is not None or self.disagreement or self.canary
         )

@@ -20,7 +20,7 @@ from sqlalchemy import Float, Text, and_, cast, exists, func, literal, select, u
 
 from reef.errors import BadRequest
 from reef.intervals import mean_interval, natural_range
-from reef.records import IMPORTED_TAG, Job, Record, Report, utcnow
+from reef.records import GUARD_TAG, IMPORTED_TAG, Job, Record, Report, utcnow
 from reef.store import tables
 from reef.store.base import Store
 from reef.store.rows import id_at as id_at  # re-exported: callers import it from here
@@ -234,9 +234,12 @@ class Browse:
     def traffic(self, scenario: str, hours: int = 24, now: datetime | None = None) -> Traffic:
         """Records per hour over the last `hours`, and how many of them reports quote: one scan
         of the window's entries in the (scenario, id) index (ids sort by time). Served traffic
-        only: imported records (reef.imports) are left out."""
+        only: imported records (reef.imports) and guard answers (reef.guard_answers) are left
+        out."""
         r, x = tables.records, tables.report_references
-        served = r.c.tags[IMPORTED_TAG].as_string().is_(None)
+        served = r.c.tags[IMPORTED_TAG].as_string().is_(None) & r.c.tags[GUARD_TAG].as_string().is_(
+            None
+        )
         now = now or utcnow()
         start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
         edges = [id_at("rec", start + timedelta(hours=h)) for h in range(hours)]

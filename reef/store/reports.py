@@ -7,12 +7,24 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Float, String, cast, delete, func, insert, literal, select, true
+from sqlalchemy import (
+    Connection,
+    Float,
+    String,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from reef.errors import Conflict, StoreError
-from reef.records import USER_TAG, Consumption, Report, Slice
+from reef.records import GUARD_RELEASE, GUARD_TAG, USER_TAG, Consumption, Report, Slice
 from reef.store import tables
 from reef.store.connect import describe_error
 from reef.store.database import IN_CHUNK, Database
@@ -101,15 +113,21 @@ class SQLReports(Database, ReportStore):
 
     def _insert_references(self, conn: Connection, report: Report) -> None:
         """The report's receipts as report_references rows, with the release that served each
-        record: one INSERT ... SELECT over the records' primary key."""
+        record: one INSERT ... SELECT over the records' primary key. A guard answer was served
+        by no release (reef.guard_answers): its rows carry GUARD_RELEASE, so no release's
+        scores and no rollout arm count a reviewer's score of it."""
         r, x = tables.records, tables.report_references
         refs = list(dict.fromkeys(report.references))
+        served_by = case(
+            (r.c.tags[GUARD_TAG].as_string().is_not(None), literal(GUARD_RELEASE, String)),
+            else_=r.c.release_id,
+        )
         for i in range(0, len(refs), IN_CHUNK):
             quoted = select(
                 r.c.scenario,
                 r.c.id,
                 literal(report.id, String).label("report_id"),
-                r.c.release_id,
+                served_by.label("release_id"),
                 literal(report.score, Float).label("score"),
             ).where(r.c.scenario == report.scenario, r.c.id.in_(refs[i : i + IN_CHUNK]))
             conn.execute(

@@ -21,7 +21,9 @@ import yaml
 from reef.api.auth import hash_token
 from reef.cli.testing import InProcessReef
 from reef.experience import collect, correction
+from reef.guard_answers import failed, keep
 from reef.store.sql import open_store
+from tests.store.builders import new_candidate
 
 ADMIN, RITA, ALICE = "rv-admin", "rv-rita", "rv-alice"
 SHOP = "shop"
@@ -38,7 +40,7 @@ def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
                 {
                     "name": "rita",
                     "sha256": hash_token(RITA),
-                    "scenarios": [SHOP, "q"],
+                    "scenarios": [SHOP, "q", "gq"],
                     "reviewer": True,
                 },
                 {"name": "alice", "sha256": hash_token(ALICE), "scenarios": [SHOP]},
@@ -55,6 +57,7 @@ def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReef]:
             },
             "q": {"review": {"sample": 1.0}},
             "q2": {"review": {"sample": 1.0}},
+            "gq": {"review": {"guard_failed": True}},
         },
     }
     config.write_text(yaml.safe_dump(settings))
@@ -223,6 +226,47 @@ def test_the_queue_is_taken_skipped_and_finished(reef: InProcessReef) -> None:
         assert "Review queues" in overview and "1</span> of 3 reviewed" in overview
     [p] = [p for p in _reports(reef, "q") if p["references"] == [turns[0]]]
     assert p["metadata"]["queue_item"] == item and p["metadata"]["reviewer"] == "rita"
+
+
+def test_a_guard_answer_is_queued_shown_and_corrected_like_a_turn(reef: InProcessReef) -> None:
+    """What the evolve flow keeps of a candidate that failed a guard's task (reef.guard_answers)
+    is reviewed through the same queue and form, its correction a training target; the
+    transcript says what it is, with the answer the task expects."""
+    store = open_store(reef.settings.database_url)
+    try:
+        cand = new_candidate("gq", store.ensure_scenario("gq").head_release_id)
+        task = ("egypt", [{"role": "user", "content": "Capital of Egypt?"}], {"answer": "Cairo"})
+        [rid] = keep(store, cand, failed("facts", [task], ["Paris, of course."], [0.0]))
+    finally:
+        store.close()
+    with _signed_in(reef, RITA) as rita:
+        queue = rita.get("/ui/s/gq/queue").text
+        assert "answers a gate guard failed" in queue and rid in queue
+        csrf = _field(queue, "csrf")
+        took = rita.post("/ui/s/gq/queue/take", data={"csrf": csrf})
+        assert took.headers["location"].endswith(f"#{rid}")
+        html = rita.get(took.headers["location"]).text
+        assert "From the review queue (guard)" in html
+        assert "A guard answer, never served" in html and f"<code>{cand.id}</code>" in html
+        assert "gate guard <b>facts</b>" in html and '<span class="expected">Cairo</span>' in html
+        assert "Capital of Egypt?" in html and "Paris, of course." in html
+        assert "Harness injection" not in html  # its reef.guard* tags are not an injection
+        form = {
+            "csrf": csrf,
+            "record_id": rid,
+            "report_id": _field(html, "report_id"),
+            "item": _field(html, "item"),
+            "score": "0",
+            "correction": "Cairo.",
+        }
+        assert rita.post("/ui/s/gq/review", data=form).status_code == 303
+        assert 'data-count="done">1<' in rita.get("/ui/s/gq/queue").text
+    store = open_store(reef.settings.database_url)
+    try:
+        exp = collect(store, "gq", "scored", recipe="sft")
+    finally:
+        store.close()
+    assert {s.record_ids[0]: correction(s.feedback) for s in exp.samples} == {rid: "Cairo."}
 
 
 def test_a_queued_turn_retention_removed_is_passed_over(reef: InProcessReef) -> None:

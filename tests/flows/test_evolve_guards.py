@@ -1,5 +1,6 @@
 """Guards in the evolve flow: a candidate that learned the reported preference ("always answer
-yes") but broke a guard's task set is rejected by name, and the head stays."""
+yes") but broke a guard's task set is rejected by name, and the head stays; with
+review.guard_failed, the answers the guard failed wait in the scenario's review queue."""
 
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def test_a_candidate_that_breaks_a_guard_is_rejected_by_name(
                 }
             ],
         },
+        "review": {"guard_failed": True},
     }
     before = httpx.get(f"{server.url}/reef/scenarios/guarded/releases").json()["data"]
     result = evolve("guarded", overrides=overrides)
@@ -82,3 +84,31 @@ def test_a_candidate_that_breaks_a_guard_is_rejected_by_name(
     assert httpx.get(f"{server.url}/reef/scenarios/guarded/releases").json()["data"] == before
     cands = httpx.get(f"{server.url}/reef/scenarios/guarded/candidates").json()["data"]
     assert cands[0]["status"] == "rejected" and cands[0]["gate"]["broken_guard"] == "no-yes"
+    _the_failed_answers_wait_for_review(server, result, guard["n"] - guard["wins"])
+
+
+def _the_failed_answers_wait_for_review(
+    server: InProcessReef, result: dict[str, Any], losses: int
+) -> None:
+    """Every guard task the candidate answered "yes" to (the head never did: each is a loss)
+    is a record tagged with the guard and the candidate, made on the head it was judged
+    against, queued with reason guard, and not traffic."""
+    from reef.records import GUARD_CANDIDATE_TAG, GUARD_TAG
+    from reef.store.browse import Browse
+    from reef.store.sql import open_store
+
+    store = open_store(server.settings.database_url)
+    try:
+        items = store.review_items("guarded", None, 100)
+        kept = store.get_records("guarded", [i.record_id for i in items])
+        head = store.head_release("guarded").id
+        traffic = Browse(store).traffic("guarded")
+    finally:
+        store.close()
+    assert losses > 0 and result["guard_answers_kept"] == len(items) == len(kept) == losses
+    assert {i.reason for i in items} == {"guard"}
+    for record in kept:
+        assert record.tags[GUARD_TAG] == "no-yes" and record.release_id == head
+        assert record.tags[GUARD_CANDIDATE_TAG] == result["candidate_id"]
+        assert "yes" in record.response["choices"][0]["message"]["content"].lower().split()
+    assert traffic.records == 24  # the served calls only

@@ -7,7 +7,9 @@ evaluation are their own outcome, and the head's episodes are cached."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -113,15 +115,32 @@ def test_failing_feedback_makes_a_candidate_the_gate_judges(
 
 @pytest.mark.loop
 def test_an_accepted_harness_is_released_and_serves(
-    server: InProcessReef, prefect_server: None
+    server: InProcessReef, prefect_server: None, tmp_path: Path
 ) -> None:
     from reef import registry
     from reef.flows.evolve import evolve
 
     _failing_traffic(server, "always")
     base = _chain(server, "always")[0]
-    result = evolve("always", overrides=_overrides(server, "always"))
+    # a guard the tiny model fails on every task (it never answers "Paris"), allowed to drop
+    # everything: it holds, and with review.guard_failed its tasks wait for a reviewer
+    tasks = tmp_path / "capitals.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "messages": [{"role": "user", "content": q}], "answer": a})
+            + "\n"
+            for i, (q, a) in enumerate([("Capital of France?", "Paris"), ("Of Peru?", "Lima")])
+        )
+    )
+    overrides = _overrides(server, "always")
+    overrides["gate"]["guards"] = [
+        {"name": "capitals", "dataset": str(tasks), "scorer": "exact", "max_drop": 1.0}
+    ]
+    overrides["review"] = {"guard_failed": True}
+    result = evolve("always", overrides=overrides)
     assert result["status"] == "published", result
+    assert result["guard_answers_kept"] == 2
+    _guard_answers_queued(server, "always", result["candidate_id"], {"t0": "Paris", "t1": "Lima"})
     chain = _chain(server, "always")
     head = chain[0]
     assert head["release_id"] == result["release_id"] and head["operation"] == "harness"
@@ -154,6 +173,24 @@ def test_an_accepted_harness_is_released_and_serves(
     # The batch was consumed: a second run has nothing new to learn from.
     again = evolve("always", overrides=_overrides(server, "always"))
     assert again["status"] == "not_ready", again
+
+
+def _guard_answers_queued(
+    server: InProcessReef, scenario: str, candidate: str, expected: dict[str, str]
+) -> None:
+    """The harness candidate's failed guard answers are queued (reason guard), one per task."""
+    from reef.records import GUARD_CANDIDATE_TAG, GUARD_EXPECTED_TAG, GUARD_TASK_TAG
+    from reef.store.sql import open_store
+
+    store = open_store(server.settings.database_url)
+    try:
+        items = store.review_items(scenario, None, 10)
+        kept = store.get_records(scenario, [i.record_id for i in items])
+    finally:
+        store.close()
+    assert {i.reason for i in items} == {"guard"}
+    assert {r.tags[GUARD_TASK_TAG]: r.tags[GUARD_EXPECTED_TAG] for r in kept} == expected
+    assert {r.tags[GUARD_CANDIDATE_TAG] for r in kept} == {candidate}
 
 
 def test_an_upstream_engine_evolves_its_harness(

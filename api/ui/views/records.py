@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reef.api.ui.views.text import short, text_of
-from reef.records import Record, Report
+from reef.guard_answers import guard_view
+from reef.records import GUARD_TAG, Record, Report
 from reef.store.browse import Feedback
 
 
@@ -129,6 +130,8 @@ class Turn:
     cells: tuple[Cell, ...]
     injection: dict[str, str] = field(default_factory=dict)  # the reef.* tags
     tags: dict[str, str] = field(default_factory=dict)  # the client's own tags
+    # a guard answer's guard, candidate, task, score and expected answer (reef.guard_answers)
+    guard: dict[str, str] | None = None
 
 
 def turns(records: list[Record], reports: dict[str, list[Report]]) -> list[Turn]:
@@ -148,11 +151,17 @@ def turns(records: list[Record], reports: dict[str, list[Report]]) -> list[Turn]
                 cells=tuple(heat_strip(r)),
                 injection=_tags(r.tags, injected=True),
                 tags=_tags(r.tags, injected=False),
+                guard=guard_view(r.tags),
             )
         )
     return out
 
 
 def _tags(tags: dict[str, Any], *, injected: bool) -> dict[str, str]:
-    """Reef's own tags (what the harness injected: `reef.*`), or the client's."""
-    return {k: v for k, v in tags.items() if k.startswith("reef.") is injected}
+    """Reef's own tags (what the harness injected: `reef.*`), or the client's. A guard
+    answer's tags are neither: the transcript shows them in their own box."""
+    return {
+        k: v
+        for k, v in tags.items()
+        if k.startswith("reef.") is injected and not k.startswith(GUARD_TAG)
+    }
