@@ -114,6 +114,10 @@ def _enable_wal(cursor: Any, busy_timeout_ms: int) -> None:
             time.sleep(0.01)
 
 
+# How long data sent to Postgres may go unacknowledged before the connection counts as broken.
+TCP_USER_TIMEOUT_MS = 15_000
+
+
 def postgres_engine(
     url: URL, *, pool_size: int, max_overflow: int, connect_timeout_s: int
 ) -> Engine:
@@ -125,7 +129,19 @@ def postgres_engine(
             # A replica restarted or a connection cut by a proxy: checked before use, not
             # failed on the request that happens to draw it.
             pool_pre_ping=True,
-            connect_args={"connect_timeout": connect_timeout_s, "application_name": "reef"},
+            connect_args={
+                "connect_timeout": connect_timeout_s,
+                "application_name": "reef",
+                # A database cut off by the network (packets dropped, nothing answered) fails
+                # a connection's next write within tcp_user_timeout, and an idle one waiting
+                # for an answer within the keepalives' minute, instead of the kernel's ~15
+                # minutes of retransmissions: calls get their 503 and the pool a new connection.
+                "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+                "keepalives": 1,
+                "keepalives_idle": 30,
+                "keepalives_interval": 10,
+                "keepalives_count": 3,
+            },
             json_serializer=dumps_postgres_json,
             json_deserializer=loads_postgres_json,
         )

@@ -45,3 +45,21 @@ def test_plain_postgres_urls_mean_psycopg() -> None:
         store = open_store(url)
         assert store.engine.url.drivername == "postgresql+psycopg"
         store.close()
+
+
+@pytest.mark.postgres
+def test_a_postgres_connection_fails_fast_when_the_network_drops(postgres_url: str) -> None:
+    """The connections libpq opens carry a TCP user timeout and keepalives, so a database cut
+    off by the network breaks them in seconds, not after the kernel's ~15 minutes of
+    retransmissions (read back from a live connection)."""
+    from reef.store.connect import TCP_USER_TIMEOUT_MS
+
+    store = open_store(postgres_url)
+    try:
+        with store.engine.connect() as conn:
+            pgconn = conn.connection.dbapi_connection.pgconn  # type: ignore[union-attr]
+            options = {o.keyword.decode(): o.val for o in pgconn.info}
+    finally:
+        store.close()
+    assert options["tcp_user_timeout"] == str(TCP_USER_TIMEOUT_MS).encode()
+    assert options["keepalives"] == b"1" and options["keepalives_count"] == b"3"
