@@ -231,10 +231,16 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix=f"reef-bench-evolve-{model}-"))
     params = {"epochs": args.epochs, "batch_size": 4, "max_length": 128}
     config = {
-        # Serving keeps every core; the worker (training) gets --train-threads through
-        # OMP_NUM_THREADS, which the engine's explicit `threads` overrides in the API process.
+        # Serving keeps every core; the worker (training) gets --train-threads as
+        # reef.train_threads (which the evolve flow sets) and OMP_NUM_THREADS (what its imports
+        # see), which the engine's explicit `threads` overrides in the API process.
         "engine": {"embedded": {"threads": os.cpu_count() or 1}},
-        "reef": {"recipe": "sft", "batch_size": args.batch_size, "params": params},
+        "reef": {
+            "recipe": "sft",
+            "batch_size": args.batch_size,
+            "params": params,
+            "train_threads": args.train_threads or None,
+        },
         # `default`: no gate configured, as a new user has it (policy improve, 25 % held out).
         **({} if args.gate == "default" else {"gate": {"policy": args.gate}}),
     }
@@ -392,7 +398,8 @@ def main() -> int:
         "--train-threads",
         type=int,
         default=1,
-        help="torch threads of the evolve worker (OMP_NUM_THREADS); 0: torch's default",
+        help="torch threads of the evolve worker (reef.train_threads, OMP_NUM_THREADS); 0: "
+        "torch's default",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     p.add_argument(

@@ -79,8 +79,9 @@ class Settings(BaseSettings):
         return self
 
     def for_scenario(self, name: str, runtime: Mapping[str, Any] | None = None) -> Settings:
-        """These settings as scenario `name` learns with them: its `scenarios.<name>` keys
-        over the top-level reef, gate, judge and review sections, and over those `runtime` (the keys
+        """These settings as scenario `name` learns and is served with them: its
+        `scenarios.<name>` keys over the top-level reef, gate, judge and review sections (and
+        its engine.sampling_defaults over the engine's), and over those `runtime` (the keys
         set at run time, PUT /reef/scenarios/{s}/settings). What the operator set stays set,
         so a recipe's own default gate still applies where no gate.policy was given."""
         override = self.scenarios.get(name)
