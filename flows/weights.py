@@ -8,6 +8,7 @@ line per logged step. Evaluation loads both models here too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import threading
@@ -25,6 +26,7 @@ from reef.deploy.chain import ReleaseChain
 from reef.errors import NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, log_gate, register_weights
 from reef.gate import Decision
+from reef.harness import Harness
 from reef.provenance import Provenance
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
 from reef.recipes.scorers import scorer_named
@@ -140,24 +142,35 @@ def evaluate(
     head_path: Path | None,
     candidate: Trained,
     held_out: list[dict[str, Any]],
+    under: Harness | None = None,
 ) -> Evaluation:
-    """Score the head and the candidate on the same samples (recipes.evaluate)."""
+    """Score the head and the candidate on the same samples (recipes.evaluate). `under`: the
+    harness the candidate will serve with (the composite recipe's), whose system text goes
+    into the task sets' prompts (gate.eval_dataset, the guards') as the engine injects it;
+    `held_out` rows come rendered under it already."""
     from reef.recipes import evaluate as ev
 
     started = time.monotonic()
     gate_cfg = settings.gate
     scorer = import_object(gate_cfg.scorer, "gate.scorer") if gate_cfg.scorer else recipe.scorer()
+
+    def tasks(path: Path) -> list[ev.EvalSample]:
+        found = ev.task_samples(path)
+        if under is None or not under.system_text():
+            return found
+        return [dataclasses.replace(s, messages=under.inject(s.messages)) for s in found]
+
     if gate_cfg.eval_dataset is not None:
         if scorer is None:
             raise ReefError("gate.eval_dataset needs a scorer (gate.scorer or the recipe's)")
-        samples, method = ev.task_samples(gate_cfg.eval_dataset), "tasks"
+        samples, method = tasks(gate_cfg.eval_dataset), "tasks"
     elif scorer is not None and held_out:
         samples = [ev.EvalSample(r["sample_id"], json.loads(r["messages"])) for r in held_out]
         method = "tasks"
     else:
         threshold = float(getattr(recipe.params, "threshold", 0.5))
         samples, method = ev.replay_samples(held_out, threshold), "replay"
-    guards = [(g.name, ev.task_samples(g.dataset), scorer_named(g.scorer)) for g in gate_cfg.guards]
+    guards = [(g.name, tasks(g.dataset), scorer_named(g.scorer)) for g in gate_cfg.guards]
     if not samples and not guards:
         return Evaluation("none", [], [], [], 0.0)
 
@@ -247,10 +260,11 @@ def judge(
     run_id: str,
     tmp: Path,
     step: str = "",
+    under: Harness | None = None,
 ) -> Judged:
     """Train a candidate into `tmp`, evaluate it against the head and let the gate decide
-    (logged to the flow's MLflow run; `step`: the composite step it is). Raises
-    NothingToTrain."""
+    (logged to the flow's MLflow run; `step`: the composite step it is, `under`: the harness
+    it will serve with, see `evaluate`). Raises NothingToTrain."""
     import mlflow
     import pyarrow as pa
 
@@ -273,7 +287,7 @@ def judge(
         raise NothingToTrain(e.message) from None
     faults.reached("trained", head.scenario)
     mlflow.log_metrics(trained.metrics)
-    evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
+    evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out, under)
     decision = gate(evaluation.candidate, evaluation.head, settings, evaluation.guards)
     metrics = {
         **trained.metrics,
