@@ -133,6 +133,14 @@ def head_logprobs(
     return [known[k] for k in keys]
 
 
+def under_harness(samples: list[Any], under: Harness | None) -> list[Any]:
+    """Task-set samples (recipes.evaluate.EvalSample) as a candidate serving `under` answers
+    them: with its system text in each prompt, as the engine injects it."""
+    if under is None or not under.system_text():
+        return samples
+    return [dataclasses.replace(s, messages=under.inject(s.messages)) for s in samples]
+
+
 @task(retries=0, cache_policy=NO_CACHE)
 def evaluate(
     recipe: WeightsRecipe,
@@ -153,24 +161,20 @@ def evaluate(
     started = time.monotonic()
     gate_cfg = settings.gate
     scorer = import_object(gate_cfg.scorer, "gate.scorer") if gate_cfg.scorer else recipe.scorer()
-
-    def tasks(path: Path) -> list[ev.EvalSample]:
-        found = ev.task_samples(path)
-        if under is None or not under.system_text():
-            return found
-        return [dataclasses.replace(s, messages=under.inject(s.messages)) for s in found]
-
     if gate_cfg.eval_dataset is not None:
         if scorer is None:
             raise ReefError("gate.eval_dataset needs a scorer (gate.scorer or the recipe's)")
-        samples, method = tasks(gate_cfg.eval_dataset), "tasks"
+        samples, method = under_harness(ev.task_samples(gate_cfg.eval_dataset), under), "tasks"
     elif scorer is not None and held_out:
         samples = [ev.EvalSample(r["sample_id"], json.loads(r["messages"])) for r in held_out]
         method = "tasks"
     else:
         threshold = float(getattr(recipe.params, "threshold", 0.5))
         samples, method = ev.replay_samples(held_out, threshold), "replay"
-    guards = [(g.name, tasks(g.dataset), scorer_named(g.scorer)) for g in gate_cfg.guards]
+    guards = [
+        (g.name, under_harness(ev.task_samples(g.dataset), under), scorer_named(g.scorer))
+        for g in gate_cfg.guards
+    ]
     if not samples and not guards:
         return Evaluation("none", [], [], [], 0.0)
 
