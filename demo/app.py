@@ -89,11 +89,10 @@ class App:
         if r.status_code not in (200, 201):
             raise RuntimeError(f"POST /reef/report: {r.status_code} {r.text}")
 
-    def create_scenario(self) -> None:
+    def create_scenario(self, description: str = "learning demo: answers of <= 5 words") -> None:
         """The scenario exists (with its base release) before the first call; 409: it did."""
         r = self.http.post(
-            "/reef/scenarios",
-            json={"name": self.scenario, "description": "learning demo: answers of <= 5 words"},
+            "/reef/scenarios", json={"name": self.scenario, "description": description}
         )
         if r.status_code not in (201, 409):
             raise RuntimeError(f"POST /reef/scenarios: {r.status_code} {r.text}")
