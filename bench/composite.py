@@ -382,10 +382,13 @@ def plot(
         low, high = a["wilson90"]
         err = [[100 * max(0.0, a["pooled"] - low)], [100 * max(0.0, high - a["pooled"])]]
         axes[0].errorbar(x, 100 * a["pooled"], yerr=err, fmt="none", color="black", capsize=4)
-        axes[0].scatter([x] * len(mine), [100 * r["pass_rate"] for r in mine], color="#08519c", zorder=3)  # fmt: skip
+        rates = [100 * r["pass_rate"] for r in mine]
+        axes[0].scatter([x] * len(mine), rates, color="#08519c", zorder=3)
         axes[1].bar(x, 100 * a["correct_median"], color="#c7e9c0")
-        axes[1].scatter([x] * len(mine), [100 * r["correct"] / n for r in mine], color="#006d2c", zorder=3)  # fmt: skip
-    for ax, label in zip(axes, ("held-out answers of at most 10 words (%)", "held-out answers still correct (%)"), strict=True):  # fmt: skip
+        rights = [100 * r["correct"] / n for r in mine]
+        axes[1].scatter([x] * len(mine), rights, color="#006d2c", zorder=3)
+    labels = ("held-out answers of at most 10 words (%)", "held-out answers still correct (%)")
+    for ax, label in zip(axes, labels, strict=True):
         ax.set_xticks(range(len(arms)), arms)
         ax.set_ylim(0, 100)
         ax.set_ylabel(label)
@@ -519,7 +522,8 @@ def run_all(
                     runs.append({**next(r for r in runs if r["arm"] == "base"), "seed": seed})
                     continue
                 try:
-                    runs.append({**run_arm(srv, arm, p, args, clock), **fed})
+                    got = run_arm(srv, arm, p, args, clock)
+                    runs.append(got if arm == "base" else {**got, **fed})
                 except Exception:
                     clock.say(f"{arm} s{seed} failed; the server's log:\n{srv.log()[-3000:]}")
                     raise
