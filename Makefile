@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # venv is compiled at install (uv --compile-bytecode); Reef's own modules cache on first import.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: docs venv lock test-package test-docs bwrap vllm-venv test-vllm agents test-agents test-ui test-demo test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness demo demo-discover demo-reactions bench-reactions bench-score-only soak smollm2 image clean
+.PHONY: docs venv lock test-package test-docs bwrap vllm-venv test-vllm agents test-agents test-ui test-demo test-contract screenshots ui run test test-loop test-faults test-scale test-slow test-all lint fmt bench bench-embedded bench-evolve bench-harness bench-composite demo demo-discover demo-reactions bench-reactions bench-score-only soak smollm2 image clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -219,6 +219,14 @@ soak: venv smollm2
 
 bench-harness: venv smollm2
 	$(BIN)/python bench/harness_evolve.py
+
+# Composite against its parts (docs/recipes.md, "composite"): base, sft, harness and composite
+# [harness, weights] on SmolLM2, each evolved once from the same reported batch, held-out pass
+# rate per arm and seed into bench/data/composite.json and docs/composite.png (3 seeds, about
+# 25 min on 2 cores). COMPOSITE_ARGS="--epochs 1 --json ... --figure ..." for a lighter sft.
+COMPOSITE_ARGS ?=
+bench-composite: venv smollm2
+	$(BIN)/python bench/composite.py $(COMPOSITE_ARGS)
 
 # SmolLM2 learns "answer in at most five words" from feedback; DEMO_ARGS=--docs refreshes the PNG.
 DEMO_ARGS ?=

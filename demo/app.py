@@ -1,15 +1,17 @@
 """The simulated app: asks questions through the official openai SDK, scores each answer
-against its preference, and reports it to Reef (with a correction when it failed)."""
+against its preference, and reports it to Reef (with a correction when it failed). The five-word
+demo's chat and preference by default; the composite bench gives it demo/terse.py's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
 import openai
 
-from demo.preference import messages, score
+from demo import preference
 
 
 @dataclass(frozen=True)
@@ -23,11 +25,21 @@ class Answer:
 
 
 class App:
-    def __init__(self, url: str, scenario: str, model: str, max_tokens: int = 24):
+    def __init__(
+        self,
+        url: str,
+        scenario: str,
+        model: str,
+        max_tokens: int = 24,
+        messages: Callable[[str], list[dict[str, str]]] = preference.messages,
+        score: Callable[[str | None], float] = preference.score,
+    ):
         self.url = url.rstrip("/")
         self.scenario = scenario
         self.model = model
         self.max_tokens = max_tokens
+        self.messages = messages  # the chat the app sends for a question
+        self.score = score  # the user's preference, 0.0 or 1.0
         headers = {"x-reef-scenario": scenario}
         self.client = openai.OpenAI(
             base_url=f"{self.url}/v1", api_key="unused", default_headers=headers, max_retries=0
@@ -41,7 +53,7 @@ class App:
     def ask(self, question: str, reference: str) -> Answer:
         raw = self.client.chat.completions.with_raw_response.create(
             model=self.model,
-            messages=messages(question),  # type: ignore[arg-type]
+            messages=self.messages(question),  # type: ignore[arg-type]
             max_tokens=self.max_tokens,
             temperature=0,
         )
@@ -52,7 +64,7 @@ class App:
             text,
             raw.headers["x-reef-agent-record-id"],
             raw.headers["x-reef-release-id"],
-            score(text),
+            self.score(text),
         )
 
     def ask_all(self, pool: list[tuple[str, str]]) -> list[Answer]:
@@ -77,11 +89,10 @@ class App:
         if r.status_code not in (200, 201):
             raise RuntimeError(f"POST /reef/report: {r.status_code} {r.text}")
 
-    def create_scenario(self) -> None:
+    def create_scenario(self, description: str = "learning demo: answers of <= 5 words") -> None:
         """The scenario exists (with its base release) before the first call; 409: it did."""
         r = self.http.post(
-            "/reef/scenarios",
-            json={"name": self.scenario, "description": "learning demo: answers of <= 5 words"},
+            "/reef/scenarios", json={"name": self.scenario, "description": description}
         )
         if r.status_code not in (201, 409):
             raise RuntimeError(f"POST /reef/scenarios: {r.status_code} {r.text}")

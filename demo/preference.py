@@ -32,14 +32,16 @@ def score(text: str | None) -> float:
     return 1.0 if 0 < n <= MAX_WORDS else 0.0
 
 
+def completion_text(completion: Any) -> str | None:
+    """A TRL completion's text: a string, or the last message of a conversational one."""
+    if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
+        completion = completion[-1].get("content", "") if completion else ""
+    return completion if isinstance(completion, str) else None
+
+
 def scorer(completions: list[Any], **kwargs: Any) -> list[float]:
     """The same check as a TRL-style reward function: completions as strings or chat messages."""
-    out = []
-    for c in completions:
-        if isinstance(c, list):  # conversational: [{"role": "assistant", "content": ...}]
-            c = c[-1].get("content", "") if c else ""
-        out.append(score(c if isinstance(c, str) else None))
-    return out
+    return [score(completion_text(c)) for c in completions]
 
 
 def messages(question: str) -> list[dict[str, str]]:

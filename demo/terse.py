@@ -11,16 +11,24 @@ score-only target of issue #14 asks for a base rate of 10-30 %).
 
 from __future__ import annotations
 
-from demo.preference import words
+from typing import Any
+
+from demo.preference import completion_text, words
 from demo.reactions import SYSTEM_PROMPT, messages, questions
 
 MAX_WORDS = 10
 # The same app as the reactions demo's (no rule about length: the preference is the user's
 # alone), on the same question pools.
-__all__ = ["MAX_WORDS", "SYSTEM_PROMPT", "messages", "questions", "score"]
+__all__ = ["MAX_WORDS", "SYSTEM_PROMPT", "messages", "questions", "score", "scorer"]
 
 
 def score(reply: str | None) -> float:
     """The thumb: 1.0 when the reply is non-empty and at most MAX_WORDS words, else 0.0."""
     n = words(reply)
     return 1.0 if 0 < n <= MAX_WORDS else 0.0
+
+
+def scorer(completions: list[Any], **kwargs: Any) -> list[float]:
+    """The same thumb as a TRL-style reward function (completions as strings or chat
+    messages): what a harness search and the gate score episodes with (bench/composite.py)."""
+    return [score(completion_text(c)) for c in completions]

@@ -5,7 +5,8 @@ batch, in the configured order, each judged by its own gate; one candidate of wh
 - weights step: flows.weights.judge on the batch's rows rendered under the harness the
   weights will serve with: the harness step's when it ran first and passed, else the head's
   (its system text in each prompt, as the engine injects it). Both models the gate compares
-  answer under that harness, so the verdict is on what would serve.
+  answer under that harness, on the held-out rows and on a configured task set
+  (gate.eval_dataset) or guard alike, so the verdict is on what would serve.
 - Each step has its settings' gate, with the step's own `gate` keys over it.
 
 What is registered (one candidate, released by the flow's one release path): both passed,
@@ -158,6 +159,7 @@ def candidate(
                     run_id,
                     Path(tmp),
                     "weights",
+                    under,
                 )
                 done.outcomes["weights"] = Outcome.of(done.weights.decision)
             except NothingToTrain as e:

@@ -8,6 +8,7 @@ line per logged step. Evaluation loads both models here too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import threading
@@ -26,6 +27,7 @@ from reef.errors import NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, log_gate, register_weights
 from reef.gate import Decision
 from reef.guard_answers import GuardAnswer
+from reef.harness import Harness
 from reef.provenance import Provenance
 from reef.recipe import Trained, TrainJob, WeightsRecipe, import_object
 from reef.recipes.scorers import scorer_named
@@ -138,6 +140,14 @@ def head_logprobs(
     return [known[k] for k in keys]
 
 
+def under_harness(samples: list[Any], under: Harness | None) -> list[Any]:
+    """Task-set samples (recipes.evaluate.EvalSample) as a candidate serving `under` answers
+    them: with its system text in each prompt, as the engine injects it."""
+    if under is None or not under.system_text():
+        return samples
+    return [dataclasses.replace(s, messages=under.inject(s.messages)) for s in samples]
+
+
 @task(retries=0, cache_policy=NO_CACHE)
 def evaluate(
     recipe: WeightsRecipe,
@@ -147,8 +157,12 @@ def evaluate(
     head_path: Path | None,
     candidate: Trained,
     held_out: list[dict[str, Any]],
+    under: Harness | None = None,
 ) -> Evaluation:
-    """Score the head and the candidate on the same samples (recipes.evaluate)."""
+    """Score the head and the candidate on the same samples (recipes.evaluate). `under`: the
+    harness the candidate will serve with (the composite recipe's), whose system text goes
+    into the task sets' prompts (gate.eval_dataset, the guards') as the engine injects it;
+    `held_out` rows come rendered under it already."""
     from reef.recipes import evaluate as ev
 
     started = time.monotonic()
@@ -157,14 +171,17 @@ def evaluate(
     if gate_cfg.eval_dataset is not None:
         if scorer is None:
             raise ReefError("gate.eval_dataset needs a scorer (gate.scorer or the recipe's)")
-        samples, method = ev.task_samples(gate_cfg.eval_dataset), "tasks"
+        samples, method = under_harness(ev.task_samples(gate_cfg.eval_dataset), under), "tasks"
     elif scorer is not None and held_out:
         samples = [ev.EvalSample(r["sample_id"], json.loads(r["messages"])) for r in held_out]
         method = "tasks"
     else:
         threshold = float(getattr(recipe.params, "threshold", 0.5))
         samples, method = ev.replay_samples(held_out, threshold), "replay"
-    guards = [(g.name, ev.task_samples(g.dataset), scorer_named(g.scorer)) for g in gate_cfg.guards]
+    guards = [
+        (g.name, under_harness(ev.task_samples(g.dataset), under), scorer_named(g.scorer))
+        for g in gate_cfg.guards
+    ]
     if not samples and not guards:
         return Evaluation("none", [], [], [], 0.0)
 
@@ -278,10 +295,11 @@ def judge(
     run_id: str,
     tmp: Path,
     step: str = "",
+    under: Harness | None = None,
 ) -> Judged:
     """Train a candidate into `tmp`, evaluate it against the head and let the gate decide
-    (logged to the flow's MLflow run; `step`: the composite step it is). Raises
-    NothingToTrain."""
+    (logged to the flow's MLflow run; `step`: the composite step it is, `under`: the harness
+    it will serve with, see `evaluate`). Raises NothingToTrain."""
     import mlflow
     import pyarrow as pa
 
@@ -304,7 +322,7 @@ def judge(
         raise NothingToTrain(e.message) from None
     faults.reached("trained", head.scenario)
     mlflow.log_metrics(trained.metrics)
-    evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out)
+    evaluation = evaluate(recipe, settings, model, head, parent, trained, held_out, under)
     decision = gate(evaluation.candidate, evaluation.head, settings, evaluation.guards)
     metrics = {
         **trained.metrics,

@@ -5,6 +5,7 @@ and how the release page reads a composite release's parts."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,6 +83,48 @@ def test_rendered_rows_carry_the_harness_system_text() -> None:
     assert got[0]["role"] == "system" and "Answer with the city only." in got[0]["content"]
     assert got[1] == {"role": "user", "content": "hi"}
     assert rendered(rows, Harness.empty()) == rows  # no system text: the rows as they were
+
+
+SEEN: list[list[dict[str, Any]]] = []  # the prompts `seen` scored
+
+
+def seen(completions: list[str], prompts: list[Any], **_: Any) -> list[float]:
+    """A gate scorer that keeps the prompts it was given."""
+    SEEN.extend(prompts)
+    return [0.0] * len(completions)
+
+
+def test_the_weights_gate_answers_task_sets_under_the_harness(tmp_path: Path) -> None:
+    """With gate.eval_dataset and a guard, the composite's weights step is judged on their
+    prompts with the harness's system text, as the weights will serve: both models, both sets
+    (tiny model, one token per answer)."""
+    from reef.flows.weights import evaluate
+    from reef.models import resolve_model
+    from reef.recipe import Trained, WeightsRecipe
+    from reef.records import Release, utcnow
+    from reef.settings import load_settings
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"messages": [{"role": "user", "content": "Capital of Peru?"}]}))
+    scorer = f"{__name__}:seen"
+    guard = {"name": "g", "dataset": str(tasks), "scorer": scorer}
+    gate = {"eval_dataset": str(tasks), "scorer": scorer, "max_tokens": 1, "guards": [guard]}
+    settings = load_settings(None, gate=gate)
+    model = resolve_model("tiny", tmp_path / "models")
+    head = Release("rel_0", "s", 0, None, "base", utcnow())
+    sft = load_recipe("sft")
+    assert isinstance(sft, WeightsRecipe)
+    harness = Harness({"AGENTS.md": "Answer with the city only.\n"})
+
+    def prompts(under: Harness | None) -> list[list[dict[str, Any]]]:
+        SEEN.clear()
+        evaluate.fn(sft, settings, model, head, None, Trained("checkpoint", model), [], under)
+        return list(SEEN)
+
+    got = prompts(harness)
+    assert len(got) == 4  # the task set and the guard, for the head and the candidate
+    assert all(p == harness.inject([{"role": "user", "content": "Capital of Peru?"}]) for p in got)
+    assert prompts(None) == [[{"role": "user", "content": "Capital of Peru?"}]] * 4
 
 
 def _decision(status: str, reason: str) -> Decision:
