@@ -67,10 +67,10 @@ def change(
     changed_by: str,
     expected_version: int | None = None,
 ) -> SettingsVersion:
-    """Store `keys` ({reef, gate, judge, review, metrics, engine}: the whole run-time override, replacing the previous
-    version's) as the scenario's next version, once they validate over the configuration
-    (BadRequest naming the key otherwise). `expected_version`: the version the caller read
-    (Conflict when another change came since); None: whatever is current."""
+    """Store `keys` ({reef, gate, judge, review, metrics, engine}: the whole run-time override,
+    replacing the previous version's) as the scenario's next version, once they validate over
+    the configuration (BadRequest naming the key otherwise). `expected_version`: the version
+    the caller read (Conflict when another change came since); None: whatever is current."""
     try:
         settings.for_scenario(scenario, keys)
     except ValueError as e:
