@@ -34,6 +34,7 @@ import openai
 import pytest
 import yaml
 
+from demo.__main__ import RECIPE_PARAMS
 from demo.preference import HELD_OUT, HELD_OUT_KEYS, TRAIN, correct, score
 from reef.api.auth import hash_token
 from reef.testing.process import ReefServer
@@ -49,14 +50,7 @@ MAX_TOKENS = 24
 # epochs instead of 4. The demo's system prompt asks for five words; here only the eight
 # corrections say it, and at 4 epochs the release learned "one sentence" (5 -> 16 of 16) but
 # not yet "five words" (1 -> 5 of 16), measured twice, the same both times (docs/ui.md).
-RECIPE = {
-    "epochs": 8,
-    "batch_size": 4,
-    "learning_rate": 3e-4,
-    "max_length": 256,
-    "lora_r": 16,
-    "lora_alpha": 32,
-}
+RECIPE = {**RECIPE_PARAMS, "epochs": 8}
 # A real rise: at least this many more of the 16 held-out answers in the corrected style
 # (measured: 1 -> 15); and the style not bought with most right answers (measured: 9 -> 7).
 MIN_RISE = 8
