@@ -8,7 +8,6 @@ line per logged step. Evaluation loads both models here too.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
 import threading
@@ -145,7 +144,7 @@ def under_harness(samples: list[Any], under: Harness | None) -> list[Any]:
     them: with its system text in each prompt, as the engine injects it."""
     if under is None or not under.system_text():
         return samples
-    return [dataclasses.replace(s, messages=under.inject(s.messages)) for s in samples]
+    return [replace(s, messages=under.inject(s.messages)) for s in samples]
 
 
 @task(retries=0, cache_policy=NO_CACHE)
