@@ -140,8 +140,9 @@ def head_lines(log: str) -> dict[str, dict[str, Any]]:
 
 
 class Bench:
-    def __init__(self, server: Server, model: str, batch_size: int, poll: str):
-        self.server, self.model, self.batch_size, self.poll = server, model, batch_size, poll
+    def __init__(self, server: Server, model: str, args: argparse.Namespace):
+        self.server, self.model = server, model
+        self.batch_size, self.poll, self.corrections = args.batch_size, args.poll, args.corrections
         headers = {"x-reef-scenario": SCENARIO}
         self.client = openai.OpenAI(
             base_url=f"{server.url}/v1", api_key="unused", default_headers=headers, max_retries=0
@@ -173,9 +174,13 @@ class Bench:
 
     def run(self, n: int, previous: str, timeout_s: float) -> dict[str, Any]:
         prompt = f"Bench run {n}, question {{i}}: name a colour."
-        # A new answer each run: under the default gate (improve) a candidate must beat the
-        # head on the held-out corrections, which a head already trained on them would not lose.
-        correction = f"{COLOURS[n % len(COLOURS)]}."
+        # `agree`: every run's feedback asks for the same answer to fresh questions, as users
+        # who agree over time would; each candidate must still beat the head on the evaluation
+        # pool (earlier rounds' held-out corrections too), by answering it more surely.
+        # `vary`: a new colour each run, which contradicts the pool's earlier corrections: the
+        # gate then refuses most candidates, as it should.
+        colour = COLOURS[n % len(COLOURS)] if self.corrections == "vary" else COLOURS[0]
+        correction = f"{colour}."
         rejected = self.server.log().count(REJECTED)
 
         def reported(calls: int, first: int) -> None:
@@ -239,19 +244,20 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
             "recipe": "sft",
             "batch_size": args.batch_size,
             "params": params,
-            "train_threads": args.train_threads or None,
+            "train_threads": _threads(args.train_threads),
         },
         # `default`: no gate configured, as a new user has it (policy improve, 25 % held out).
         **({} if args.gate == "default" else {"gate": {"policy": args.gate}}),
     }
-    env = {"OMP_NUM_THREADS": str(args.train_threads)} if args.train_threads else {}
+    threads = _threads(args.train_threads)
+    env = {"OMP_NUM_THREADS": str(threads)} if isinstance(threads, int) else {}
     server = Server(state, model, config, env=env)
     started = time.monotonic()
     server.start()
     ready_s = server.wait_for_log("evolve worker ready", timeout_s=600)
     print(f"{model}: serving after {time.monotonic() - started - ready_s:.1f}s, "
           f"worker ready {ready_s:.1f}s later", flush=True)  # fmt: skip
-    bench = Bench(server, model, args.batch_size, args.poll)
+    bench = Bench(server, model, args)
     runs: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     try:
@@ -308,7 +314,8 @@ def summarize(
             "batch_size": args.batch_size,
             "gate": args.gate,
             "poll": args.poll,
-            "train_threads": args.train_threads or "torch default",
+            "train_threads": args.train_threads,
+            "corrections": args.corrections,
             **params,
         },
         "runs": runs,
@@ -322,6 +329,11 @@ def summarize(
         "phase_p50_s": p50,
         "phase_share_p50": share,
     }
+
+
+def _threads(value: str) -> int | str | None:
+    """--train-threads as reef.train_threads: auto, a count, or None for 0."""
+    return value if value == "auto" else (int(value) or None)
 
 
 def _p95(values: list[float]) -> float:
@@ -396,10 +408,17 @@ def main() -> int:
     p.add_argument("--poll", choices=["chat", "head"], default="chat")
     p.add_argument(
         "--train-threads",
-        type=int,
-        default=1,
-        help="torch threads of the evolve worker (reef.train_threads, OMP_NUM_THREADS); 0: "
+        default="auto",
+        help="torch threads of the evolve worker (reef.train_threads; a count also sets "
+        "OMP_NUM_THREADS): a count, auto (the default: the cores left idle, per step), or 0: "
         "torch's default",
+    )
+    p.add_argument(
+        "--corrections",
+        choices=["agree", "vary"],
+        default="agree",
+        help="agree: the same answer every run (fresh questions); vary: a new one each run, "
+        "which contradicts the evaluation pool's earlier corrections",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     p.add_argument(

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from prefect import flow, get_run_logger
 
-from reef import evaluation_pool, events, faults, telemetry
+from reef import cores, evaluation_pool, events, faults, telemetry
 from reef.artifacts import artifacts_for
 from reef.datasets import Snapshot, load
 from reef.errors import NothingToTrain, ReefError
@@ -196,12 +196,10 @@ def prepare(scenario: str, settings: Settings) -> Prepared:
     finally:
         store.close()
     loop = settings.reef
-    if loop.train_threads:
-        import torch
-
-        # Training shares the machine with the serving engine: measured on 2 cores, SmolLM2
-        # SFT steps ran 3-4x slower on torch's default 2 threads than on 1.
-        torch.set_num_threads(loop.train_threads)
+    # Training shares the machine with the serving engine: measured on 2 cores, SmolLM2 SFT
+    # steps ran 3x slower on 2 threads than on 1 while the engine answered, and 0.6-0.7x
+    # the time while it did not (bench/train_while_serving.py): `auto` chooses per step.
+    cores.use(loop.train_threads)
     recipe = load_recipe(loop.recipe, loop.params)
     if recipe.default_gate is not None and "policy" not in settings.gate.model_fields_set:
         # The recipe's own gate when the configuration names none (tttd: `always`).

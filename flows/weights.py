@@ -20,7 +20,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from reef import faults, guard_answers
+from reef import cores, faults, guard_answers
 from reef.deploy.chain import ReleaseChain
 from reef.errors import NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, log_gate, register_weights
@@ -87,11 +87,12 @@ def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
     last = [0.0, -1]
 
     def progress(step: int, total: int, metrics: Any) -> None:
+        threads = cores.adapt()  # the next step's (reef.train_threads: auto measures)
         now = time.monotonic()
         if step != last[1] and (now - last[0] > 2 or step == total):
             last[0], last[1] = now, step
             shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:6])
-            logger.info("train step %d/%d %s", step, total, shown)
+            logger.info("train step %d/%d %s (next on %d threads)", step, total, shown, threads)
 
     if loop.train.processes > 1:
         from reef.recipes.distributed import launch
@@ -102,10 +103,12 @@ def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
             job,
             processes=loop.train.processes,
             accelerate_config=loop.train.accelerate_config,
-            threads=loop.train_threads,
+            # each rank's threads are fixed at launch: auto gives each one core's share
+            threads=loop.train_threads if isinstance(loop.train_threads, int) else None,
             progress=progress,
         )
     with _IN_PROCESS:
+        cores.adapt()
         return recipe.train(job, progress)
 
 

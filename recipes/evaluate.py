@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from reef import cores
 from reef.recipe import Scorer
 from reef.recipes.training import correction, shared_base
 
@@ -111,6 +112,7 @@ def answer_logprobs(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out: list[float] = []
     for lo in range(0, len(encoded), REPLAY_BATCH):
+        cores.adapt()  # reef.train_threads for this batch (auto: the cores left idle)
         part = encoded[lo : lo + REPLAY_BATCH]
         width = max(len(ids) for ids, _ in part)
         keep = max(1, max(n for _, n in part) + 1)
@@ -181,6 +183,7 @@ def generate(model: Any, tokenizer: Any, messages: list[dict[str, Any]], max_tok
     """A greedy answer (what the gate compares: no sampling noise between the two models)."""
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
+    cores.adapt()
     out = model.generate(
         **ids,
         max_new_tokens=max_tokens,

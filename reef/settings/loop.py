@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -90,11 +90,12 @@ class LoopSettings(Section):
         "runs that died or failed left (a candidate on the chain still pending, MLflow's "
         "champion alias off the head)",
     )
-    train_threads: int | None = Field(
-        1,
-        ge=1,
-        description="torch threads for training and evaluation (None: torch's default); "
-        "1 leaves the other cores to the serving engine",
+    train_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto",
+        description="torch threads for training and evaluation: a count, `auto` (before "
+        "every step, the cores the rest of the machine left idle during the last one: all "
+        "of them while nothing is served, one while the engine answers; Linux /proc/stat, "
+        "machine-wide, so a container on a busy host takes one), or None (torch's default)",
     )
     worker_priority: Literal["idle", "low", "normal"] = Field(
         "idle",
