@@ -12,6 +12,7 @@ from reef.artifacts import open_artifacts
 from reef.contracts import ContractViolation, ValidationReport, validate
 from reef.datasets import Snapshot, load, materialize
 from reef.experience import Experience, Rule, collect
+from reef.flows.stages import timed
 from reef.recipe import RECIPES, recipe_class
 from reef.records import Consumption, Slice
 from reef.store.sql import open_store
@@ -23,6 +24,7 @@ from reef.store.sql import open_store
 # Retries only where the network is touched (database, artifact store), where a failure may be
 # transient; a contract violation is a verdict on the data, and retrying cannot change it.
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+@timed("materialize")
 def materialize_snapshot(
     database_url: str,
     artifacts_url: str,
@@ -61,6 +63,7 @@ def materialize_snapshot(
 
 
 @task(retries=0, cache_policy=NO_CACHE)
+@timed("validate")
 def validate_snapshot(
     snapshot: Snapshot,
     artifacts_url: str,
@@ -75,6 +78,7 @@ def validate_snapshot(
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+@timed("consume")
 def consume(
     database_url: str,
     experience: Experience,
@@ -114,6 +118,7 @@ def _store_receipts(database_url: str, receipts: list[Consumption]) -> int:
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+@timed("pool")
 def evaluation_samples(
     database_url: str,
     scenario: str,

@@ -31,6 +31,7 @@ from reef.artifacts import artifacts_for
 from reef.deploy.engine import DeployError, EngineAdmin
 from reef.errors import EngineUnavailable, NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, held_for_review, log_gate, register_harness
+from reef.flows.stages import timed
 from reef.gate import Decision
 from reef.guard_answers import GuardAnswer
 from reef.harness import Harness, HarnessCache, changed_executable, diff
@@ -122,6 +123,7 @@ def head_harness(settings: Settings, head: Release) -> Harness:
 
 # tasks -------------------------------------------------------------------------------------
 @task(retries=0, cache_policy=NO_CACHE)
+@timed("search")
 def search(recipe: HarnessRecipe, job: HarnessJob) -> HarnessSearch:
     """GEPA's search from the batch's low-scored answers, with a line per step."""
     logger = get_run_logger()
@@ -129,6 +131,7 @@ def search(recipe: HarnessRecipe, job: HarnessJob) -> HarnessSearch:
 
 
 @task(retries=0, cache_policy=NO_CACHE)
+@timed("evaluate")
 def evaluate(
     settings: Settings,
     generate: Generate,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from prefect import flow, get_run_logger
 from reef.artifacts import artifacts_for
 from reef.deploy.engine import EngineAdmin
 from reef.errors import ReefError
+from reef.flows import stages
 from reef.flows.experience import materialize_snapshot
 from reef.flows.harness import eval_tasks, evaluate, generator, head_harness, proposer
 from reef.flows.release import gate, held_for_review, log_gate, register_harness
@@ -82,10 +84,13 @@ def instruct(
         with (
             registry.s3_endpoint(settings.artifacts.s3_endpoint_url),
             mlflow.start_run(experiment_id=experiment, run_name="instruct") as run,
+            stages.clock() as times,
         ):
+            started = time.perf_counter()
             _log_params(job_id, ask, head, recipe)
             trial = _try_instruction(settings, recipe, head, current, ask, step)
             candidate, decision = _hold_for_review(settings, head, trial, run.info.run_id, step)
+            stages.record(times, started, logger, job_id)
         out = {
             "candidate_id": candidate.id,
             "status": candidate.status,

@@ -31,6 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from reef import faults, guard_answers
 from reef.deploy.chain import ReleaseChain
 from reef.flows.experience import add_receipts
+from reef.flows.stages import timed
 from reef.gate import Decision, GatePolicy, check_guard, decide, with_guards
 from reef.guard_answers import GuardAnswer
 from reef.harness import Harness
@@ -44,6 +45,7 @@ DEPLOY_ATTEMPTS = 3  # a deploy whose engine failed transiently is tried this of
 
 
 @task(retries=0, cache_policy=NO_CACHE)
+@timed("gate")
 def gate(
     candidate: list[float],
     head: list[float],
@@ -103,6 +105,7 @@ class Registered:
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+@timed("register")
 def register_weights(
     settings: Settings,
     head: Release,
@@ -121,6 +124,7 @@ def register_weights(
 
 
 @task(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+@timed("register")
 def register_harness(
     settings: Settings,
     head: Release,
@@ -184,6 +188,7 @@ def prefect_run() -> dict[str, Any]:
 # Retried inside the chain, not by Prefect: only the chain knows whether an attempt moved the
 # head, so only it can make a retry finish the job instead of publishing twice.
 @task(retries=0, cache_policy=NO_CACHE)
+@timed("deploy")
 def deploy(
     settings: Settings,
     candidate: Candidate,

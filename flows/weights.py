@@ -24,6 +24,7 @@ from reef import cores, faults, guard_answers
 from reef.deploy.chain import ReleaseChain
 from reef.errors import NothingToTrain, ReefError
 from reef.flows.release import Registered, gate, log_gate, register_weights
+from reef.flows.stages import timed
 from reef.gate import Decision
 from reef.guard_answers import GuardAnswer
 from reef.harness import Harness
@@ -79,6 +80,7 @@ _IN_PROCESS = threading.Lock()
 
 
 @task(retries=0, cache_policy=NO_CACHE)
+@timed("train")
 def train(recipe: WeightsRecipe, job: TrainJob, loop: LoopSettings) -> Trained:
     """recipe.train in this worker process, or in `reef.train.processes` processes under
     accelerate launch on this host (recipes.distributed), with a progress line per logged
@@ -151,6 +153,7 @@ def under_harness(samples: list[Any], under: Harness | None) -> list[Any]:
 
 
 @task(retries=0, cache_policy=NO_CACHE)
+@timed("evaluate")
 def evaluate(
     recipe: WeightsRecipe,
     settings: Settings,

@@ -363,6 +363,11 @@ def test_an_instruction_becomes_a_candidate_held_for_review(
 
     run = mlflow.MlflowClient(tracking).get_run(out["run_id"])
     assert run.data.params["ask"] == ask and run.data.metrics["eval_tasks"] == 6
+    # the round's stages and their seconds (flows.stages); held for review: nothing deployed
+    stages = {k for k in run.data.metrics if k.startswith("time.")}
+    assert {"time.evaluate_s", "time.gate_s", "time.register_s"} <= stages
+    assert "time.deploy_s" not in stages
+    assert run.data.metrics["time.total_s"] >= run.data.metrics["time.evaluate_s"] > 0
 
     # promote releases it; the scenario's first harness is injected for every client
     r = httpx.post(
