@@ -25,8 +25,10 @@ from reef.admission import Admission
 from reef.api.evolver import Evolver
 from reef.artifacts import ArtifactStore
 from reef.engines.base import Engine
+from reef.errors import StoreTimeout
 from reef.registry.clients import ping_tracking
 from reef.store.base import Store
+from reef.store.deadline import bounded
 
 log = logging.getLogger("reef.api")
 
@@ -62,8 +64,14 @@ class Dependencies:
         tracking_uri: str,
         evolver: Evolver | None,
         admission: Admission | None = None,
+        store_deadline_s: float | None = None,
     ):
         self.admission = admission
+        # The store's check waits this long at most (store.deadline_s; reef.store.deadline),
+        # and concurrent probes share the one in flight: a flood of /readyz on a database
+        # that never answers holds one thread, not one each.
+        self.store_deadline_s = store_deadline_s
+        self._store_check: asyncio.Task[State] | None = None
         self.store = store
         self.engine = engine
         self.artifacts = artifacts
@@ -75,15 +83,12 @@ class Dependencies:
         self._logged: dict[str, str] = {}
 
     async def report(self) -> tuple[int, dict[str, Any]]:
-        store_ok, engine_ok, learn = await asyncio.gather(
-            asyncio.to_thread(self.store.ping), self.engine.ready(), self._learning()
+        store, engine_ok, learn = await asyncio.gather(
+            self._store(), self.engine.ready(), self._learning()
         )
+        store_ok = store.state == "ok"
         engine = self._engine(engine_ok)
-        states = {
-            "store": State("ok" if store_ok else "unavailable", "serve"),
-            "engine": engine,
-            **learn,
-        }
+        states = {"store": store, "engine": engine, **learn}
         if not (store_ok and engine_ok):
             status = "not_ready"
         elif engine.state == "busy" or any(s.state == "unavailable" for s in learn.values()):
@@ -92,6 +97,24 @@ class Dependencies:
             status = "ready"
         body = {"status": status, "dependencies": {k: s.as_dict() for k, s in states.items()}}
         return (503 if status == "not_ready" else 200), body
+
+    async def _store(self) -> State:
+        if self._store_check is None or self._store_check.done():
+            self._store_check = asyncio.ensure_future(self._check_store())
+        return await asyncio.shield(self._store_check)
+
+    async def _check_store(self) -> State:
+        started = time.monotonic()
+        try:
+            ok = await bounded(self.store_deadline_s, self.store.ping)
+        except StoreTimeout:
+            ok = False
+        if ok:
+            return State("ok", "serve")
+        limit = self.store_deadline_s
+        if limit is not None and time.monotonic() - started >= limit:
+            return State("unavailable", "serve", f"no answer within {limit:g} s")
+        return State("unavailable", "serve")
 
     def _engine(self, up: bool) -> State:
         """The engine's state: unavailable, busy (its line full or nearly), or ok."""

@@ -32,6 +32,7 @@ from reef.background import BackgroundTask
 from reef.errors import RateLimited, ReefError
 from reef.quota_ledger import SYNC_EVERY_S, QuotaLedger
 from reef.settings import QuotaSettings, TokenSettings
+from reef.store.deadline import bounded, within
 from reef.store.quotas import DAY, MINUTE, WAIT, Counter, Quotas, Refusal, counter_key
 
 log = logging.getLogger("reef.api")
@@ -69,8 +70,15 @@ class QuotaGate:
     """Admits calls against their token's quotas and counts what they spent."""
 
     def __init__(
-        self, tokens: tuple[TokenSettings, ...], quotas: Quotas, registry: CollectorRegistry
+        self,
+        tokens: tuple[TokenSettings, ...],
+        quotas: Quotas,
+        registry: CollectorRegistry,
+        *,
+        store_deadline_s: float | None = None,
     ):
+        # How long a count in the database may wait for it (store.deadline_s; reef.store.deadline)
+        self.store_deadline_s = store_deadline_s
         self.tokens = {
             t.name: t
             for t in tokens
@@ -136,7 +144,11 @@ class QuotaGate:
             return counters
         now = self.quotas.admit_now(counters)  # SQLite, its lock free: ~12 us, no hop
         refusal = (
-            await anyio.to_thread.run_sync(self.quotas.admit, counters) if now == WAIT else now
+            await bounded(
+                self.store_deadline_s, self.quotas.admit, counters, run=anyio.to_thread.run_sync
+            )
+            if now == WAIT
+            else now
         )
         if not isinstance(refusal, Refusal):
             self.ledger.admitted(counters)
@@ -182,7 +194,7 @@ class QuotaGate:
 
     def _spend(self, counters: list[Counter], tokens: int) -> None:
         try:
-            self.quotas.spend(counters, tokens)
+            within(self.store_deadline_s, self.quotas.spend, counters, tokens)
             self.ledger.spent(counters, tokens)
         except Exception as e:  # a lost count must not fail an answer already sent
             log.error("counting %d tokens against quotas failed: %s", tokens, e)

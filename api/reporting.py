@@ -6,13 +6,12 @@ telemetry and the evolve worker."""
 
 from __future__ import annotations
 
-import asyncio
-
 from reef.api.services import Services
 from reef.errors import BadRequest
 from reef.metrics import check_metrics
 from reef.records import Report, new_id, utcnow
 from reef.scenario_settings import learning_settings
+from reef.store.deadline import bounded
 from reef.wire import RESERVED_REPORT_ID_PREFIXES, RESERVED_SOURCES, ReportIn
 
 
@@ -21,9 +20,11 @@ async def store_report(svc: Services, name: str, body: ReportIn) -> tuple[Report
     retry of a stored report with the same id and content gives it back unchanged)."""
     check_reserved(body)
     if body.metrics:  # against the scenario's own metrics, those set at run time included
-        own = await asyncio.to_thread(learning_settings, svc.settings, svc.store, name)
+        own = await bounded(svc.store_deadline_s, learning_settings, svc.settings, svc.store, name)
         check_metrics(name, body.metrics, own.metrics)
-    found = await asyncio.to_thread(svc.store.existing_record_ids, name, body.references)
+    found = await bounded(
+        svc.store_deadline_s, svc.store.existing_record_ids, name, body.references
+    )
     missing = [r for r in body.references if r not in found]
     if missing:
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
@@ -42,7 +43,9 @@ async def store_report(svc: Services, name: str, body: ReportIn) -> tuple[Report
         metadata=body.metadata,
         metrics=body.metrics,
     )
-    stored, created = await asyncio.to_thread(svc.store.add_report, report)
+    # Past the deadline the caller is answered 503 and the report may still land once the
+    # database answers: a retry with the same report_id is then answered 200 with it.
+    stored, created = await bounded(svc.store_deadline_s, svc.store.add_report, report)
     if created:
         svc.metrics.reports.labels(name).inc()
         svc.telemetry.report(stored)

@@ -43,6 +43,7 @@ from reef.shadow import Shadows
 from reef.store.base import Store
 from reef.store.browse import Browse
 from reef.store.commits import GroupCommitter
+from reef.store.deadline import for_store
 from reef.store.sql import open_store
 from reef.store.ui_sessions import UISessions
 from reef.telemetry import OFF, Telemetry, telemetry_for
@@ -90,6 +91,9 @@ class Services:
     evolver: Evolver | None = None  # the automatic trigger (reef serve with reef.auto)
     telemetry: Telemetry = OFF  # OTLP traces (telemetry.otlp_endpoint)
     deliverer: BackgroundTask | None = None  # webhook events (events.webhooks)
+    # How long serving's store work may wait for the database (store.deadline_s on Postgres,
+    # None on SQLite; reef.store.deadline): the report route and /readyz use it too.
+    store_deadline_s: float | None = None
     _catch_up: asyncio.Task[list[str]] | None = field(default=None, init=False, repr=False)
     _supervisor: BackgroundTask | None = field(default=None, init=False, repr=False)
     _unbound: Callable[[], None] | None = field(default=None, init=False, repr=False)
@@ -106,15 +110,16 @@ class Services:
         """Every part, built and wired, none started. The engine is constructed (not started)
         by the caller."""
         store = store or open_store(settings.database_url)
+        deadline = for_store(store, settings.store.deadline_s)
         artifacts = artifacts_for(settings)
         cache = settings.server.state_dir / "cache"
         variants = None
         if isinstance(engine, Deployable):
-            variants = Variants(engine, store, artifacts, cache)
+            variants = Variants(engine, store, artifacts, cache, store_deadline_s=deadline)
         telemetry = telemetry_for(settings.telemetry)
-        committer, metrics = _committer_and_metrics(settings, store, telemetry)
+        committer, metrics = _committer_and_metrics(settings, store, telemetry, deadline)
         harnesses = HarnessCache(artifacts, cache)
-        rollouts = Rollouts(store, settings.rollout)
+        rollouts = Rollouts(store, settings.rollout, store_deadline_s=deadline)
         admission = _admission(settings, metrics)
         serving = Serving(
             engine,
@@ -125,15 +130,10 @@ class Services:
             harnesses=harnesses,
             limits=Limits.from_settings(settings),
             rollouts=rollouts,
-            shadows=Shadows(
-                store,
-                settings.rollout,
-                gate_scorer=settings.gate.scorer,
-                judging=settings.judge,
-                on_outcome=lambda scenario, outcome: metrics.shadow.labels(scenario, outcome).inc(),
-            ),
+            shadows=_shadows(settings, store, metrics),
             admission=admission,
             sampling_of=functools.partial(scenario_sampling, settings, store),
+            store_deadline_s=deadline,
         )
         local = LocalEngine(engine, serving, variants)
         # Rollbacks, promotes and harness releases through this process reach every engine
@@ -145,7 +145,9 @@ class Services:
             store, settings, artifacts, scenario_labels=settings.server.scenario_labels
         )
         metrics.registry.register(readiness)
-        quotas = QuotaGate(settings.auth.tokens, store.quotas, metrics.registry)
+        quotas = QuotaGate(
+            settings.auth.tokens, store.quotas, metrics.registry, store_deadline_s=deadline
+        )
         metrics.registry.register(QuotaCollector(quotas))
         return cls(
             settings=settings,
@@ -164,13 +166,14 @@ class Services:
             watcher=rollout_watcher(chain, rollouts, settings.rollout.check_interval_s),
             cleaner=Cleaner(store, settings, artifacts),
             dependencies=Dependencies(
-                store, engine, artifacts, settings.tracking_uri, evolver, admission
+                store, engine, artifacts, settings.tracking_uri, evolver, admission, deadline
             ),
             heartbeat=_heartbeat(settings, store),
             variants=variants,
             evolver=evolver,
             telemetry=telemetry,
             deliverer=events.deliverer(store, settings.events),
+            store_deadline_s=deadline,
         )
 
     async def start(self) -> None:
@@ -264,7 +267,7 @@ class Services:
 
 
 def _committer_and_metrics(
-    settings: Settings, store: Store, telemetry: Telemetry
+    settings: Settings, store: Store, telemetry: Telemetry, deadline_s: float | None
 ) -> tuple[GroupCommitter, Metrics]:
     """The group committer (handing committed records to the span export when it is on) and
     the metrics (with the export's counters then)."""
@@ -273,11 +276,23 @@ def _committer_and_metrics(
         window_ms=settings.store.commit_window_ms,
         max_batch=settings.store.commit_max_batch,
         committed=telemetry.records if telemetry.enabled else None,
+        deadline_s=deadline_s,
     )
     metrics = Metrics(scenario_labels=settings.server.scenario_labels)
     if telemetry.enabled:
         metrics.registry.register(TelemetryCollector(telemetry))
     return committer, metrics
+
+
+def _shadows(settings: Settings, store: Store, metrics: Metrics) -> Shadows:
+    """Shadow rollouts' copies of calls, each outcome counted in /metrics."""
+    return Shadows(
+        store,
+        settings.rollout,
+        gate_scorer=settings.gate.scorer,
+        judging=settings.judge,
+        on_outcome=lambda scenario, outcome: metrics.shadow.labels(scenario, outcome).inc(),
+    )
 
 
 def _admission(settings: Settings, metrics: Metrics) -> Admission:

@@ -202,6 +202,23 @@ class StoreError(ReefError):
         return f"the {self.store} is unavailable; retry after {self.retry_after_s} s"
 
 
+class StoreTimeout(StoreError):
+    """The database did not answer within the serving path's deadline (store.deadline_s): a
+    server that accepts connections and then never answers (its processes stopped, so its
+    kernel still acknowledges data and keepalives, and libpq's tcp_user_timeout never fires).
+    The connection that waited was closed on the client's side (reef.store.deadline)."""
+
+    def __init__(self, message: str, *, seconds: float):
+        super().__init__(message)
+        self.seconds = seconds
+
+    def public_message(self) -> str:
+        return (
+            f"the {self.store} (the database) did not answer within {self.seconds:g} s; "
+            f"retry after {self.retry_after_s} s"
+        )
+
+
 class ArtifactStoreError(StoreError):
     """The artifact store (a directory or an S3 bucket) failed."""
 

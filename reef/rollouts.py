@@ -22,7 +22,6 @@ not split again. A shadow rollout's candidate (reef.shadow) is a canary that ser
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
@@ -36,6 +35,7 @@ from reef.records import Candidate, Release, Scenario
 from reef.sequential import ArmScores, Guardrail, Health, SequentialPolicy
 from reef.settings import RolloutSettings
 from reef.store.chain import ChainStore
+from reef.store.deadline import bounded
 from reef.store.reports import ReportStore
 
 log = logging.getLogger(__name__)
@@ -143,8 +143,17 @@ class _Window:
 class Rollouts:
     """The serving side of rollouts in one process: canary lookup, arm choice, arm health."""
 
-    def __init__(self, store: ChainStore, settings: RolloutSettings, ttl_s: float = 2.0):
+    def __init__(
+        self,
+        store: ChainStore,
+        settings: RolloutSettings,
+        ttl_s: float = 2.0,
+        *,
+        store_deadline_s: float | None = None,
+    ):
         self.store = store
+        # A call's canary and A/B lookups wait this long at most (store.deadline_s)
+        self.store_deadline_s = store_deadline_s
         self.settings = settings
         self._ttl_s = ttl_s
         self._canaries: dict[str, tuple[Candidate | None, float]] = {}
@@ -158,7 +167,7 @@ class Rollouts:
         now = time.monotonic()
         if hit is not None and hit[1] > now:
             return hit[0]
-        rows = await asyncio.to_thread(self.store.list_candidates, scenario, "canary")
+        rows = await bounded(self.store_deadline_s, self.store.list_candidates, scenario, "canary")
         found = rows[0] if rows else None
         self._canaries[scenario] = (found, now + self._ttl_s)
         return found
@@ -178,7 +187,7 @@ class Rollouts:
         now = time.monotonic()
         if hit is not None and hit[1] > now:
             return hit[0]
-        stopped = await asyncio.to_thread(ab_stopped, self.store, scenario, pair)
+        stopped = await bounded(self.store_deadline_s, ab_stopped, self.store, scenario, pair)
         if stopped is not None and hit is None:
             log.warning("%s: serving the head", stopped)
         live = None if stopped is not None else pair

@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from reef import anthropic, logs, responses
 from reef.admission import Admission, Slot
@@ -30,12 +30,15 @@ from reef.sessions import candidate_hashes, record_state_hash
 from reef.shadow import Shadows
 from reef.store.chain import ChainStore
 from reef.store.commits import GroupCommitter
+from reef.store.deadline import bounded
 from reef.store.records import RecordStore
 from reef.store.scenarios import ScenarioStore
 from reef.store.sessions import SessionStore
 from reef.variants import Variants
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Render = Callable[[dict[str, Any]], dict[str, Any]]
 # A scenario's own sampling values (reef.scenario_settings.sampling_defaults): None where the
@@ -144,8 +147,12 @@ class Serving:
         shadows: Shadows | None = None,
         admission: Admission | None = None,
         sampling_of: SamplingOf | None = None,
+        store_deadline_s: float | None = None,
     ):
         self.engine = engine
+        # How long a call's store work (its lookups here; the record's commit is the
+        # committer's) may wait for the database: store.deadline_s on Postgres, None on SQLite.
+        self.store_deadline_s = store_deadline_s
         # Each scenario's own sampling values, read with its row (and cached as long).
         self._sampling_of = sampling_of
         # The engine's running slots and the bounded line in front of them (engine.max_running,
@@ -185,9 +192,14 @@ class Serving:
         now = time.monotonic()
         if hit is not None and hit[2] > now:
             return hit[0]
-        scenario, sampling = await asyncio.to_thread(self._read_scenario, name)
+        scenario, sampling = await self._stored(self._read_scenario, name)
         self._scenarios[name] = (scenario, sampling, now + self._scenario_ttl_s)
         return scenario
+
+    def _stored(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]:
+        """Store work off the event loop, answered StoreTimeout (503) once store.deadline_s
+        passes without the database answering (reef.store.deadline)."""
+        return bounded(self.store_deadline_s, fn, *args)
 
     def _read_scenario(self, name: str) -> tuple[Scenario, dict[str, float] | None]:
         """The scenario row and its own sampling values, in one trip off the event loop: run-time
@@ -349,7 +361,7 @@ class Serving:
         assert self.harnesses is not None
         release_id = scenario.head_release_id
         if release_id not in self._injections:  # once per release: releases never change
-            release = await asyncio.to_thread(served_release, self.store, scenario.name, release_id)
+            release = await self._stored(served_release, self.store, scenario.name, release_id)
             harness = await asyncio.to_thread(self.harnesses.get, release)
             text = harness.system_text() if harness is not None else ""
             inject = harness is not None and harness.config().get("inject") is True
@@ -393,20 +405,20 @@ class Serving:
         is re-stitched (`_restitched`) and written again.
         """
         if explicit is not None:
-            tail = await asyncio.to_thread(self.store.session_tail, scenario, explicit)
+            tail = await self._stored(self.store.session_tail, scenario, explicit)
             if tail is None:
                 return _Session(explicit, 0)
             return _Session(explicit, (tail.turn or 0) + 1, tail.id)
         hashes = candidate_hashes(messages)
         if not hashes:
             return _Session(new_id("ses"), 0)
-        parent = await asyncio.to_thread(self.store.find_session_parent, scenario, hashes)
+        parent = await self._stored(self.store.find_session_parent, scenario, hashes)
         if parent is None:
             return _Session(new_id("ses"), 0)
         turn = (parent.turn or 0) + 1
         if parent.session_id is not None and self._claim(parent.id, record_id):
             try:
-                forked = await asyncio.to_thread(self.store.has_children, scenario, parent.id)
+                forked = await self._stored(self.store.has_children, scenario, parent.id)
             except BaseException:
                 self._unclaim(parent.id, record_id)
                 raise
@@ -444,7 +456,7 @@ class Serving:
         future: asyncio.Future[Record | None] = asyncio.get_running_loop().create_future()
         self._keys[slot] = (record_id, future)
         try:
-            stored = await asyncio.to_thread(self.store.find_idempotent, scenario, route, key)
+            stored = await self._stored(self.store.find_idempotent, scenario, route, key)
         except BaseException:
             self._release_key(scenario, route, key, record_id, None)
             raise
@@ -470,7 +482,7 @@ class Serving:
         """Another process stored a record under this call's key first (the unique index
         refused ours): its record is the answer, when it was for the same body."""
         assert call.idempotency_key is not None
-        stored = await asyncio.to_thread(
+        stored = await self._stored(
             self.store.find_idempotent, call.scenario.name, call.route, call.idempotency_key
         )
         if stored is None:
@@ -491,9 +503,7 @@ class Serving:
         conversation, a fork (a new session that still names the parent), exactly what this
         call would have become had it seen the other one before it started."""
         if call.explicit_session and record.session_id is not None:
-            tail = await asyncio.to_thread(
-                self.store.session_tail, record.scenario, record.session_id
-            )
+            tail = await self._stored(self.store.session_tail, record.scenario, record.session_id)
             if tail is not None:
                 turn = (tail.turn or 0) + 1
                 return dataclasses.replace(record, turn=turn, parent_id=tail.id)

@@ -24,6 +24,7 @@ from reef.errors import BadRequest, EngineError, Forbidden, NotFound
 from reef.records import Release
 from reef.rollouts import served_release
 from reef.store.base import Store
+from reef.store.deadline import bounded
 from reef.wire import SCENARIO_PATTERN
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,19 @@ _SCENARIO = re.compile(SCENARIO_PATTERN)
 class Variants:
     """The releases an engine holds, by release id; one load at a time per release."""
 
-    def __init__(self, engine: Engine, store: Store, artifacts: ArtifactStore, cache_dir: Path):
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        artifacts: ArtifactStore,
+        cache_dir: Path,
+        *,
+        store_deadline_s: float | None = None,
+    ):
         self.engine = engine
         self.store = store
+        # A call's release lookup waits this long at most (store.deadline_s; reef.store.deadline)
+        self.store_deadline_s = store_deadline_s
         self.artifacts = artifacts
         self.cache_dir = cache_dir
         self._releases: dict[str, Release] = {}  # release id -> release (immutable: cached)
@@ -65,7 +76,9 @@ class Variants:
         if hit is None:
             # A live canary serves before it is on the chain (reef.rollouts), with the files
             # it keeps once published: cached under its id as a release is.
-            hit = await asyncio.to_thread(served_release, self.store, scenario, release_id)
+            hit = await bounded(
+                self.store_deadline_s, served_release, self.store, scenario, release_id
+            )
             self._releases[release_id] = hit
         return hit
 

@@ -13,7 +13,6 @@ ids, `previous_response_id` and retrieval are then the upstream's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -47,6 +46,7 @@ from reef.api.services import Services, caller
 from reef.engines.chunks import disassemble
 from reef.errors import BadRequest, NotFound, ReefError
 from reef.records import Record, Scenario
+from reef.store.deadline import bounded
 from reef.wire import ResponseObject, ResponsesRequest
 
 router = APIRouter(tags=["openai"])
@@ -68,7 +68,7 @@ async def _stored(svc: Services, scenario: str, resp_id: str, param: str) -> Rec
     if record_id is None:
         raise missing
     try:
-        record = await asyncio.to_thread(svc.store.get_record, scenario, record_id)
+        record = await bounded(svc.store_deadline_s, svc.store.get_record, scenario, record_id)
     except NotFound:
         raise missing from None
     if record.route != "responses" or record.request.get("store") is False:
@@ -217,7 +217,9 @@ async def _check_continued(svc: Services, scenario: str, previous: Any) -> None:
     found = None
     if isinstance(previous, str) and previous:
         state = responses.answered_state(previous)
-        found = await asyncio.to_thread(svc.store.find_session_parent, scenario, [state])
+        found = await bounded(
+            svc.store_deadline_s, svc.store.find_session_parent, scenario, [state]
+        )
     if found is None:
         raise NotFound(
             f"response '{previous}' not found",

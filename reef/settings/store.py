@@ -15,6 +15,15 @@ class StoreSettings(Section):
     database_url: SecretStr | None = Field(
         None, description="sqlite:///path or postgresql+psycopg://...; default: state_dir/reef.db"
     )
+    deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="PostgreSQL: how long the serving path's store work (a call's lookups and its "
+        "record's commit, a report's write, /readyz's check) may wait for the database; past it "
+        "the call is answered 503 store_unavailable and the connection that waited is closed "
+        "(a server that accepts connections and never answers, e.g. frozen, is bounded by "
+        "nothing else). Not applied on SQLite, nor to the evolve worker's work",
+    )
     commit_window_ms: float = Field(
         0.0,
         ge=0,

@@ -8,8 +8,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from reef.errors import StoreError
+from reef.errors import StoreError, StoreTimeout
 from reef.records import Record
+from reef.store.deadline import within
 from reef.store.records import RecordStore
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,12 @@ class GroupCommitter:
 
     `committed`, when given, is handed each batch's committed records after their waiters
     were answered (reef.telemetry: it must only queue them); its errors are logged.
+
+    `deadline_s` (store.deadline_s on Postgres; None: unbounded): an `add` not committed within
+    it raises StoreTimeout, and each commit's waits for the database end that long after it
+    started (reef.store.deadline), so a database that never answers holds neither the callers
+    nor the commit thread for good. A record whose caller gave up so is dropped if its batch
+    has not left yet; one in the batch on its way may still be committed (never acknowledged).
     """
 
     def __init__(
@@ -42,6 +49,7 @@ class GroupCommitter:
         window_ms: float = 0.0,
         max_batch: int = 512,
         committed: Callable[[Sequence[Record]], None] | None = None,
+        deadline_s: float | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -55,6 +63,7 @@ class GroupCommitter:
         self.failed_batches = 0
         self.largest_batch = 0
         self.committed = committed
+        self.deadline_s = deadline_s
         self._pending: deque[tuple[Record, asyncio.Future[None]]] = deque()
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
@@ -93,7 +102,23 @@ class GroupCommitter:
             self._full.set()
         # Shielded: a caller that gives up (client disconnect) does not pull its record out of
         # a batch already on its way to the database.
-        await asyncio.shield(future)
+        if self.deadline_s is None:
+            await asyncio.shield(future)
+            return
+        timer = asyncio.timeout(self.deadline_s)
+        try:
+            async with timer:
+                await asyncio.shield(future)
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            # Cancelled, the record is skipped if its batch has not formed yet (_run): it was
+            # never acknowledged, so it is never written behind its caller's back either.
+            future.cancel()
+            raise StoreTimeout(
+                f"record '{record.id}' was not committed within {self.deadline_s:g} s",
+                seconds=self.deadline_s,
+            ) from None
 
     async def aclose(self) -> None:
         """Commit everything pending, then stop. Later `add` calls raise StoreError."""
@@ -124,8 +149,10 @@ class GroupCommitter:
                     except TimeoutError:
                         pass
                 n = min(len(self._pending), self.max_batch)
-                batch = [self._pending.popleft() for _ in range(n)]
-                await self._commit(batch)
+                taken = [self._pending.popleft() for _ in range(n)]
+                batch = [(r, f) for r, f in taken if not f.done()]  # callers past the deadline
+                if batch:
+                    await self._commit(batch)
                 batch = []
         finally:
             # Only reached early if the task itself is cancelled (loop shutting down): no
@@ -142,7 +169,9 @@ class GroupCommitter:
         self.batches += 1
         self.largest_batch = max(self.largest_batch, len(batch))
         try:
-            await loop.run_in_executor(self._executor, self.store.add_records, records)
+            await loop.run_in_executor(
+                self._executor, within, self.deadline_s, self.store.add_records, records
+            )
         except StoreError as e:
             self.failed_batches += 1
             for _, future in batch:
@@ -182,7 +211,7 @@ class GroupCommitter:
         outcomes: list[Exception | None] = []
         for record in records:
             try:
-                self.store.add_records([record])
+                within(self.deadline_s, self.store.add_records, [record])
             except Exception as e:
                 outcomes.append(e)
             else:

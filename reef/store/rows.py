@@ -73,7 +73,7 @@ class RecordInsert:
                 except BaseException:
                     if self.sqlite:
                         cursor.execute("ROLLBACK")
-                    else:
+                    elif not _closed(raw):
                         raw.rollback()
                     raise
             finally:
@@ -85,7 +85,17 @@ class RecordInsert:
         except self.dbapi.Error as e:
             raise StoreError(f"database error while {what}: {describe_error(e)}") from e
         finally:
-            raw.close()  # back to the pool
+            if _closed(raw):
+                # Lost, or closed at the serving path's deadline (reef.store.pgconn): the
+                # pool drops it, rather than failing to roll it back on the way in.
+                raw.invalidate()
+            else:
+                raw.close()  # back to the pool
+
+
+def _closed(raw: Any) -> bool:
+    """Whether a pooled DB-API connection is gone (psycopg's `closed`; sqlite3 has none)."""
+    return getattr(raw.dbapi_connection, "closed", False) is True
 
 
 # A record's fields are the records table's columns, one for one.

@@ -14,6 +14,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -61,6 +62,7 @@ class PrivatePostgres:
         self.port = free_port()
         self.options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root}"
         self.url = f"postgresql+psycopg://{PG_USER}@127.0.0.1:{self.port}/reef"
+        self.frozen: list[int] = []
 
     def _run(self, program: str, *args: str, timeout: float = 120) -> float:
         """Run one of the server's programs; the seconds it took."""
@@ -92,7 +94,43 @@ class PrivatePostgres:
     def restart(self) -> float:
         return self._ctl("restart", "-m", "fast", "-o", self.options)
 
+    def processes(self) -> list[int]:
+        """This cluster's processes: its postmaster (postmaster.pid's first line, checked to
+        be serving this data directory) first, then the postmaster's children. Never another
+        cluster's: the machine's own server is shared."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        cmdline = Path(f"/proc/{postmaster}/cmdline").read_bytes().split(b"\0")
+        assert str(self.data).encode() in cmdline, f"pid {postmaster} is not this cluster's"
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def freeze(self) -> int:
+        """SIGSTOP every process of the cluster, the postmaster first (stopped, it forks no
+        more): the kernel still completes connections and acknowledges what is sent on them,
+        and nothing is ever answered. Returns how many processes were stopped."""
+        postmaster, *_ = self.processes()
+        os.kill(postmaster, signal.SIGSTOP)
+        self.frozen = self.processes()  # the children as they are now it cannot fork
+        for pid in self.frozen[1:]:
+            os.kill(pid, signal.SIGSTOP)
+        return len(self.frozen)
+
+    def thaw(self) -> None:
+        """SIGCONT what `freeze` stopped, the postmaster last."""
+        for pid in reversed(self.frozen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.frozen = []
+
     def close(self) -> None:
+        self.thaw()  # a stopped server would not stop
         if (self.data / "postmaster.pid").exists():
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
                 self._ctl("stop", "-m", "immediate")

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from reef.errors import NotFound, StoreError
+from reef.errors import NotFound, StoreError, StoreTimeout
 from reef.records import Record
 from reef.store.commits import GroupCommitter
 from reef.store.sql import SQLStore, open_store
@@ -186,3 +188,66 @@ def test_a_cancelled_waiter_does_not_lose_its_record(
 
     asyncio.run(main())
     assert store.existing_record_ids("gc", [record.id]) == {record.id}
+
+
+def test_a_write_past_the_deadline_is_refused_and_the_committer_goes_on(
+    database_url: str, store: SQLStore, make_record: MakeRecord
+) -> None:
+    """store.deadline_s: a commit the database does not answer in time fails its caller at the
+    deadline, and the next write goes through once the database answers. On Postgres the
+    connection that waited was closed before its COMMIT was sent, so the record is not stored;
+    SQLite's thread waits for the file's lock (no deadline there in serving) and commits it
+    once the lock is free: stored, never acknowledged, which is allowed."""
+    sc = store.create_scenario("gc")
+    late = make_record("gc", sc.head_release_id)
+    after = make_record("gc", sc.head_release_id)
+
+    async def main() -> float:
+        committer = GroupCommitter(store, deadline_s=0.5)
+        await committer.start()
+        with _writes_blocked(database_url):
+            started = time.monotonic()
+            with pytest.raises(StoreTimeout, match=r"within 0\.5 s"):
+                await committer.add(late)
+            waited = time.monotonic() - started
+            await asyncio.sleep(0.3)  # the commit thread's own deadline passes too
+        await committer.add(after)
+        await committer.aclose()
+        return waited
+
+    assert 0.45 <= asyncio.run(main()) < 2.0
+    assert store.existing_record_ids("gc", [after.id]) == {after.id}
+    postgres = make_url(database_url).get_backend_name() == "postgresql"
+    assert store.existing_record_ids("gc", [late.id]) == (set() if postgres else {late.id})
+
+
+def test_a_record_whose_caller_gave_up_before_its_batch_left_is_never_written(
+    tmp_path: Path, make_record: MakeRecord
+) -> None:
+    url = f"sqlite:///{tmp_path / 'reef.db'}"
+    store = open_store(url)
+    store.migrate()
+    sc = store.create_scenario("gc")
+    first = make_record("gc", sc.head_release_id)  # its batch leaves, then waits for the lock
+    queued = make_record("gc", sc.head_release_id)  # waits behind it, past its deadline
+
+    async def main() -> tuple[list[BaseException | None], GroupCommitter]:
+        committer = GroupCommitter(store, deadline_s=0.3)
+        await committer.start()
+        with _writes_blocked(url):
+            adds = [asyncio.create_task(committer.add(first))]
+            await asyncio.sleep(0.05)
+            adds.append(asyncio.create_task(committer.add(queued)))
+            results = await asyncio.gather(*adds, return_exceptions=True)
+        await committer.aclose()
+        return results, committer
+
+    try:
+        results, committer = asyncio.run(main())
+        assert [type(r) for r in results] == [StoreTimeout, StoreTimeout]
+        # the batch on its way was committed once the lock was free (never acknowledged);
+        # the record still queued when its caller was answered was dropped, never written
+        assert store.existing_record_ids("gc", [first.id, queued.id]) == {first.id}
+        assert committer.records == 1 and committer.batches == 1
+    finally:
+        store.close()
