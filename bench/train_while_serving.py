@@ -67,7 +67,7 @@ def trainer(priority: str, tokens: int) -> int:
     """The training side, as a child process: lower its priority as the evolve worker does,
     load SmolLM2 with LoRA, then for each line `THREADS SECONDS` on stdin take steps on that
     many threads for that long and answer a JSON line."""
-    from cli.worker import yield_cores
+    from reef.cli.worker import yield_cores
 
     yield_cores(priority)
     import torch

@@ -247,7 +247,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="environment for reef serve, e.g. REEF_STORE__COMMIT_WINDOW_MS=0 (repeatable)",
     )
-    p.add_argument("--py-spy", help="py-spy binary: profile Reef during the throughput run")
+    p.add_argument("--py-spy", help="py-spy binary: profile Reef during one measured run")
+    p.add_argument(
+        "--py-spy-run",
+        choices=["low", "high"],
+        default="high",
+        help="which run --py-spy profiles: the latency run (--low) or the throughput run",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
     p.add_argument(
         "--shadow",
@@ -333,13 +339,13 @@ def measure_through_reef(
     result: dict[str, Any],
 ) -> None:
     """wrk through Reef at --low and --high connections, each run with the records it left
-    (and, with --py-spy, a profile of Reef during the --high run) in result["reef"]."""
+    (and, with --py-spy, a profile of Reef during the --py-spy-run run) in result["reef"]."""
     counter = RecordCounter(args.database_url, state_dir)
     wrk(reef_url, args.high, args.warmup)
     for conns in (args.low, args.high):
         before = counter.count()
         spy = None
-        if args.py_spy and conns == args.high:
+        if args.py_spy and conns == (args.low if args.py_spy_run == "low" else args.high):
             spy = start_py_spy(args, reef.pid, state_dir / "py-spy.txt")
         run = measured(reef_url, conns, args.duration, reef.pid)
         run["records"] = counter.count() - before
