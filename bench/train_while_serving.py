@@ -44,14 +44,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = Path(__file__).resolve().parent / "results"
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain in two sentences why the sky is blue.",
-    "List three prime numbers greater than ten.",
-    "Give three tips for learning a new language.",
-    "What does a compiler do?",
-]
+from after_start import PROMPTS  # noqa: E402  (bench/ is the script's folder)
+
 ARMS = (
     "serve",
     "serve+train1",
