@@ -212,7 +212,7 @@ def prepare(scenario: str, settings: Settings) -> Prepared:
         store.close()
     loop = settings.reef
     # Training shares the machine with the serving engine: measured on 2 cores, SmolLM2 SFT
-    # steps ran 3x slower on 2 threads than on 1 while the engine answered, and 0.6-0.7x
+    # steps ran 3-5x slower on 2 threads than on 1 while the engine answered, and 0.6-0.7x
     # the time while it did not (bench/train_while_serving.py): `auto` chooses per step.
     cores.use(loop.train_threads)
     recipe = load_recipe(loop.recipe, loop.params)
