@@ -155,10 +155,10 @@ def test_both_steps_pass_one_release_carries_both(
     assert "harness.gate_n" in run.data.metrics and "weights.gate_n" in run.data.metrics
     # where the round's time went (flows.stages): each stage's seconds, within the run's
     times = {k: v for k, v in run.data.metrics.items() if k.startswith("time.")}
-    for stage in ("prepare", "materialize", "validate", "pool", "search", "train", "evaluate"):
+    for stage in ("prepare", "validate", "search", "train", "evaluate", "register", "deploy"):
         assert times[f"time.{stage}_s"] > 0, (stage, times)
-    for stage in ("gate", "register", "deploy"):
-        assert times[f"time.{stage}_s"] > 0, (stage, times)
+    for stage in ("materialize", "pool", "gate"):  # a query, a paired test: may round to 0 ms
+        assert times[f"time.{stage}_s"] >= 0, (stage, times)
     assert sum(v for k, v in times.items() if k != "time.total_s") <= times["time.total_s"]
 
     page = httpx.get(f"{server.url}/ui/s/both/releases").text
