@@ -191,25 +191,10 @@ def run_arm(arm: str, url: str, model: str, train: Trainer, args: argparse.Names
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=2, help="rounds of the arms, alternated")
-    p.add_argument("--window", type=float, default=40.0, help="seconds of each arm")
-    p.add_argument("--concurrency", type=int, default=1, help="streams in flight")
-    p.add_argument("--gap", type=float, default=0.0, help="seconds each client waits between")
-    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
-    p.add_argument("--tokens", type=int, default=128, help="sequence length of a train batch")
-    p.add_argument("--priority", default="idle", help="reef.worker_priority of the trainer")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
-    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
-    p.add_argument("--trainer", help=argparse.SUPPRESS)  # the child process's entry
-    args = p.parse_args(argv)
-    if args.trainer:
-        return trainer(args.trainer, args.tokens)
+def measure(arms: list[str], args: argparse.Namespace) -> list[dict]:
+    """One `reef serve` and one trainer process; each arm per round, alternated."""
+    from reef.testing.process import ReefProcess
 
-    from reef.testing.process import ReefProcess, cpu_model
-
-    arms = args.arms.split(",")
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="reef-train-serve-") as tmp:
         server = ReefProcess(Path(tmp), "--model", "smollm2", env={"REEF_REEF__AUTO": "false"})
@@ -229,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             train.close()
             server.stop(timeout_s=60)
+    return runs
+
+
+def table(arms: list[str], runs: list[dict], args: argparse.Namespace) -> dict[str, dict]:
+    """Print each arm's rounds and its ratios to the same round's baseline; the ratios."""
 
     def ratio(arm: str, base: str, value) -> list[float]:
         out = []
@@ -241,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def tok_s(x: dict) -> float:
         return x["served"]["tok_s"] if x["served"] else 0.0
+
+    from reef.testing.process import cpu_model
 
     print()
     print(f"gap {args.gap:g} s, {args.concurrency} stream(s), priority {args.priority}, "
@@ -257,6 +249,30 @@ def main(argv: list[str] | None = None) -> int:
         summary[arm] = {"vs_serve": vs_serve, "vs_train1": vs_train}
         print(f"| {arm} | {served} | {' / '.join(f'{v:.2f}x' for v in vs_serve) or '–'} | "
               f"{steps} | {' / '.join(f'{v:.2f}x' for v in vs_train) or '–'} |")  # fmt: skip
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=2, help="rounds of the arms, alternated")
+    p.add_argument("--window", type=float, default=40.0, help="seconds of each arm")
+    p.add_argument("--concurrency", type=int, default=1, help="streams in flight")
+    p.add_argument("--gap", type=float, default=0.0, help="seconds each client waits between")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
+    p.add_argument("--tokens", type=int, default=128, help="sequence length of a train batch")
+    p.add_argument("--priority", default="idle", help="reef.worker_priority of the trainer")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
+    p.add_argument("--trainer", help=argparse.SUPPRESS)  # the child process's entry
+    args = p.parse_args(argv)
+    if args.trainer:
+        return trainer(args.trainer, args.tokens)
+
+    from reef.testing.process import cpu_model
+
+    arms = args.arms.split(",")
+    runs = measure(arms, args)
+    summary = table(arms, runs, args)
     result = {
         "bench": "train_while_serving",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
