@@ -28,6 +28,7 @@ import torch
 
 from reef import cores
 from reef.recipe import Scorer
+from reef.recipes.shared_prefix import common_prefix, repeated_cache
 from reef.recipes.training import correction, shared_base
 
 log = logging.getLogger(__name__)
@@ -99,27 +100,21 @@ def answer_logprobs(
     the assistant's reply to `messages`, REPLAY_BATCH at a time, with the vocabulary
     projection and its softmax computed only where answer tokens are predicted (the prompt's
     positions are most of a sequence, and the projection onto 49k tokens a fifth of the model's
-    work). Sequences are padded on the left with an attention mask and their own positions, so
-    each token sees what it sees alone at the position it has alone (the same numbers, to float
-    rounding); every answer then ends at the last position."""
-    encoded = []
-    for messages, answer in items:
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        full = prompt + answer + (tokenizer.eos_token or "")
-        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        ids = tokenizer(full, add_special_tokens=False)["input_ids"]
-        encoded.append((ids, len(ids) - len(p_ids)))
+    work). The tokens every sequence of a batch starts with (the chat template's system
+    prompt and turn markers: a third to a half of a short exchange) are read once and their
+    keys and values shared by the batch. The rest is padded on the left, after that prefix,
+    with an attention mask and each token's own position, so each token sees what it sees
+    alone at the position it has alone (the same numbers, to float rounding); every answer
+    then ends at the last position."""
+    encoded = encode_answers(tokenizer, items)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out: list[float] = []
     for lo in range(0, len(encoded), REPLAY_BATCH):
         cores.adapt()  # reef.train_threads for this batch (auto: the cores left idle)
         part = encoded[lo : lo + REPLAY_BATCH]
-        width = max(len(ids) for ids, _ in part)
+        shared = shared_prefix(part)
         keep = max(1, max(n for _, n in part) + 1)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in part])
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in part])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = _last_logits(model, input_ids, mask, positions, keep)
+        logits = _batch_logits(model, [ids for ids, _ in part], shared, pad, keep)
         logp = torch.log_softmax(logits[:, :-1], dim=-1)  # predicts the last keep-1 tokens
         for row, (ids, n) in enumerate(part):
             if n <= 0:
@@ -131,15 +126,60 @@ def answer_logprobs(
     return out
 
 
-def _last_logits(model: Any, input_ids: Any, mask: Any, positions: Any, keep: int) -> Any:
+def encode_answers(
+    tokenizer: Any, items: Sequence[tuple[list[dict[str, Any]], str]]
+) -> list[tuple[list[int], int]]:
+    """Per (messages, answer): the token ids of the prompt, answer and end of turn, and how many
+    of them are the answer's."""
+    encoded = []
+    for messages, answer in items:
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        full = prompt + answer + (tokenizer.eos_token or "")
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        encoded.append((ids, len(ids) - len(p_ids)))
+    return encoded
+
+
+def shared_prefix(part: Sequence[tuple[list[int], int]]) -> int:
+    """How many leading tokens every sequence of the batch has in common (recipes.shared_prefix),
+    leaving each at least its prompt's last token (whose logits predict the answer's first) to
+    read with the batch."""
+    limit = min(len(ids) - max(n, 0) - 1 for ids, n in part)
+    return common_prefix([ids for ids, _ in part], limit)
+
+
+def _batch_logits(model: Any, seqs: list[list[int]], shared: int, pad: int, keep: int) -> Any:
+    """The logits of the last `keep` positions of each sequence: the first `shared` tokens
+    (the same in every one) read once, their keys and values repeated for the batch."""
+    rests = [ids[shared:] for ids in seqs]
+    width = max(len(r) for r in rests)
+    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rests])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rests])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
+    past = None
+    if shared:
+        past = repeated_cache(model, seqs[0][:shared], len(seqs))
+        mask = torch.cat([torch.ones(len(seqs), shared, dtype=mask.dtype), mask], dim=1)
+    return _last_logits(model, input_ids, mask, positions, keep, past)
+
+
+def _last_logits(
+    model: Any, input_ids: Any, mask: Any, positions: Any, keep: int, past: Any = None
+) -> Any:
     """The logits of the last `keep` positions; a model whose forward does not take
     `logits_to_keep` computes them all, then they are cut (the same numbers, more work)."""
+    extra = {"cache": past, "use_cache": True} if past is not None else {}
     try:
         out = model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            logits_to_keep=keep,
+            **extra,
         )
     except TypeError:
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions)
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **extra)
     return out.logits[:, -keep:].float()
 
 

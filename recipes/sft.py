@@ -73,6 +73,7 @@ class SFTRecipe(WeightsRecipe):
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
 
+        from reef.recipes.shared_prefix import shared_prefix_training
         from reef.recipes.training import (
             NothingToTrain,
             fit,
@@ -101,4 +102,7 @@ class SFTRecipe(WeightsRecipe):
             processing_class=tokenizer,
             callbacks=[progress_callback(progress)],
         )
-        return fit(trainer, tokenizer, job, ids, {"train_rows": float(len(rows))})
+        # Every row starts with the chat template's system prompt and turn markers: read once
+        # per batch (recipes.shared_prefix), the same loss and gradients, to float rounding.
+        with shared_prefix_training(trainer.model):
+            return fit(trainer, tokenizer, job, ids, {"train_rows": float(len(rows))})

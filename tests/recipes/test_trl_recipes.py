@@ -597,6 +597,29 @@ def test_replay_scores_in_batches_equal_one_at_a_time(tiny: Path, sft_adapter: P
         assert ev.answer_logprobs(model, tokenizer, items) == pytest.approx(one, abs=1e-5), kind
 
 
+def test_replay_reads_a_shared_system_prompt_once_with_the_same_logprobs(
+    tiny: Path, sft_adapter: Path
+) -> None:
+    """Every sequence of a batch that starts with the same tokens (here a long system prompt)
+    has them read once, their keys and values shared: the log-probs are those of one sample at
+    a time, for the base and an adapter, with answers of different lengths and an empty one."""
+    from reef.recipes import evaluate as ev
+
+    system = {"role": "system", "content": "You answer questions about colours. " * 6}
+    items = [
+        ([system, {"role": "user", "content": q}], answer)
+        for q in QUESTIONS
+        for answer in (GOOD, "A much longer answer that goes on for a while, on purpose.", "")
+    ][: ev.REPLAY_BATCH + 2]
+    model, tokenizer = ev.load_model(tiny, "base", None)
+    encoded = ev.encode_answers(tokenizer, items[: ev.REPLAY_BATCH])
+    assert ev.shared_prefix(encoded) >= 36, "the system prompt (36 words) is read once"
+    for kind, path in (("base", None), ("adapter", sft_adapter)):
+        model, tokenizer = ev.load_model(tiny, kind, path)
+        one = [one_at_a_time(model, tokenizer, m, a) for m, a in items]
+        assert ev.answer_logprobs(model, tokenizer, items) == pytest.approx(one, abs=1e-5), kind
+
+
 def test_the_heads_replay_logprobs_are_computed_once_per_sample(tiny: Path) -> None:
     """The gate scores the same head on a pool that mostly stays between rounds: the head's
     log-probs are kept per release and sample, and only samples new to it are read again."""
