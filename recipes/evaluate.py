@@ -19,6 +19,8 @@ import hashlib
 import json
 import logging
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +47,28 @@ class EvalSample:
     columns: dict[str, Any] | None = None  # tasks: extra columns the scorer gets
 
 
+# The models evaluation reads, kept between rounds: a round's candidate is, once released, the
+# next round's head, and the tokenizer is the base's every time (together ~0.5 s a round on
+# SmolLM2 + LoRA, measured: tokenizer 0.12 s, adapter 0.2-0.45 s). Keyed by what they are read
+# from: the base's files' stamps and an adapter's content. Evaluation never writes them.
+_LOADED: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
+_TOKENIZER: list[Any] = []  # [its key, the tokenizer]
+_LOADED_LOCK = threading.Lock()
+MODELS_KEPT = 3
+
+
 def load_model(base_model: Path, kind: str, path: Path | None) -> tuple[Any, Any]:
-    """A release's model for evaluation: the base, base + adapter, or a checkpoint."""
+    """A release's model for evaluation (the base, base + adapter, or a checkpoint) and the
+    tokenizer; the base and adapters as this process last read them when their files are
+    the same."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    key = _load_key(base_model, kind, path)
+    with _LOADED_LOCK:
+        if key is not None and key in _LOADED:
+            _LOADED.move_to_end(key)
+            return _LOADED[key]
+    tokenizer = _tokenizer(base_model, AutoTokenizer)
     model: Any
     if kind == "checkpoint":
         assert path is not None
@@ -62,7 +81,49 @@ def load_model(base_model: Path, kind: str, path: Path | None) -> tuple[Any, Any
             assert path is not None
             model = PeftModel.from_pretrained(model, path)
     model.eval()
+    if key is not None:
+        with _LOADED_LOCK:
+            _LOADED[key] = (model, tokenizer)
+            while len(_LOADED) > MODELS_KEPT:
+                _LOADED.popitem(last=False)
     return model, tokenizer
+
+
+def _tokenizer(base_model: Path, auto: Any) -> Any:
+    """The base's tokenizer, read again only when its files change."""
+    key = _files_stamp(base_model)
+    with _LOADED_LOCK:
+        if _TOKENIZER and _TOKENIZER[0] == key:
+            return _TOKENIZER[1]
+    tokenizer = auto.from_pretrained(base_model)
+    with _LOADED_LOCK:
+        _TOKENIZER[:] = [key, tokenizer]
+    return tokenizer
+
+
+def _load_key(base_model: Path, kind: str, path: Path | None) -> tuple[Any, ...] | None:
+    """What a loaded model is the same for: the base's files, and an adapter's bytes; None for
+    a checkpoint (whole models are not kept)."""
+    if kind == "base":
+        return (kind, *_files_stamp(base_model))
+    if kind == "adapter" and path is not None and path.is_dir():
+        digest = hashlib.sha256()
+        for f in sorted(path.iterdir()):
+            if f.is_file():
+                digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        return (kind, *_files_stamp(base_model), digest.hexdigest())
+    return None
+
+
+def _files_stamp(path: Path) -> tuple[Any, ...]:
+    """A directory's path with its files' modification times (a hub id: the id alone)."""
+    resolved = path.resolve()
+    if not resolved.is_dir():
+        return (str(path),)
+    return (
+        str(resolved),
+        *(f.stat().st_mtime_ns for f in sorted(resolved.iterdir()) if f.is_file()),
+    )
 
 
 def replay_samples(rows: Sequence[dict[str, Any]], threshold: float) -> list[EvalSample]:

@@ -644,3 +644,28 @@ def test_the_heads_replay_logprobs_are_computed_once_per_sample(tiny: Path) -> N
     assert again == pytest.approx(ev.replay_logprobs(model, tokenizer, pool), abs=1e-5)
     head_logprobs("rel_other", pool[:1], compute)  # another release: read afresh
     assert read[-1] == 1
+
+
+def test_evaluation_keeps_the_models_it_read_by_their_files(
+    tiny: Path, sft_adapter: Path, tmp_path: Path
+) -> None:
+    """A released candidate is the next round's head, read from another directory: the same
+    bytes give the model already loaded; other bytes, or a changed base, are read afresh."""
+    import shutil
+
+    from reef.recipes import evaluate as ev
+
+    head = tmp_path / "head"
+    shutil.copytree(sft_adapter, head)
+    candidate, tokenizer = ev.load_model(tiny, "adapter", sft_adapter)
+    again, tokenizer_again = ev.load_model(tiny, "adapter", head)
+    assert again is candidate and tokenizer_again is tokenizer
+    assert ev.load_model(tiny, "base", None)[0] is ev.load_model(tiny, "base", None)[0]
+    changed = tmp_path / "changed"
+    shutil.copytree(sft_adapter, changed)
+    config = json.loads((changed / "adapter_config.json").read_text())
+    (changed / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 1}))
+    other, _ = ev.load_model(tiny, "adapter", changed)
+    assert other is not candidate
+    items = [([{"role": "user", "content": QUESTIONS[0]}], GOOD)]
+    assert ev.answer_logprobs(other, tokenizer, items) != ev.answer_logprobs(again, tokenizer, items)
