@@ -77,7 +77,8 @@ PHASES = [  # consecutive: they add up to the run's total
 ]
 REJECTED = 'evolve {"status": "rejected"'
 COLOURS = ["Teal", "Crimson", "Amber", "Indigo", "Olive", "Coral", "Violet", "Ochre"]
-HEAD_LINE = re.compile(r"release (\S+) \(seq \d+\) is the head of \S+: (\{.*\})\s*$")
+# the log's context (" [scenario=...]") may follow the timings
+HEAD_LINE = re.compile(r"release (\S+) \(seq \d+\) is the head of \S+: (\{.*\})(?: \[[^]]*\])?\s*$")
 
 
 def _utc(text: str | None) -> float | None:
