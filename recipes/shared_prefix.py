@@ -61,9 +61,8 @@ def shared_prefix_training(model: Any) -> Iterator[bool]:
         shared = 0 if args else _trainable_prefix(kwargs)
         if not shared:
             return original(*args, **kwargs)
-        ids, mask, labels = kwargs.pop("input_ids"), kwargs["attention_mask"], kwargs.pop("labels")
-        kwargs.pop("cache", None)
-        kwargs.pop("past_key_values", None)
+        # the attention mask stays whole: it covers the shared tokens' keys and the rest's
+        ids, labels = kwargs.pop("input_ids"), kwargs.pop("labels")
         rest = ids[:, shared:]
         kwargs["position_ids"] = torch.arange(shared, ids.shape[1]).expand(len(ids), -1)
         cache = repeated_cache(original, ids[0, :shared].tolist(), len(ids))

@@ -668,4 +668,6 @@ def test_evaluation_keeps_the_models_it_read_by_their_files(
     other, _ = ev.load_model(tiny, "adapter", changed)
     assert other is not candidate
     items = [([{"role": "user", "content": QUESTIONS[0]}], GOOD)]
-    assert ev.answer_logprobs(other, tokenizer, items) != ev.answer_logprobs(again, tokenizer, items)
+    assert ev.answer_logprobs(other, tokenizer, items) != ev.answer_logprobs(
+        again, tokenizer, items
+    )
