@@ -74,4 +74,8 @@ def test_two_gloo_ranks_train_the_adapter_one_process_trains(
     moved = max(t.abs().max().item() for k, t in a.items() if "lora_B" in k)  # 0 at init
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     assert moved > 1e-3
-    assert diff < 1e-5, f"two ranks differ from one process by {diff:.3g} (moved {moved:.3g})"
+    # Each rank reads its rows' shared prefix once (recipes.shared_prefix): its gradients are
+    # summed over 2 rows, not 4, so they round differently, and Adam's first steps move an
+    # entry by ~lr whatever its gradient's size: rounding in near-zero entries shows as a few
+    # % of lr (4e-5 seen, lr 1e-3; the bound was 1e-5 before the prefix was shared).
+    assert diff < 1e-4, f"two ranks differ from one process by {diff:.3g} (moved {moved:.3g})"
