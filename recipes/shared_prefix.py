@@ -95,3 +95,41 @@ def _trainable_prefix(kwargs: dict[str, Any]) -> int:
     # the prefix ends before the first position that fails, and before a labelled next token
     limit = next((i for i, good in enumerate(ok) if not good), len(ok)) - 1
     return limit if limit >= MIN_SHARED else 0
+
+
+def response_logprobs_after(
+    model: Any, prompt: list[int], completions: Sequence[Sequence[int]]
+) -> list[torch.Tensor]:
+    """log π(y_t | x, y_<t) for every token of each completion after the same `prompt`,
+    teacher-forced: the prompt (all but its last token, whose logits predict each completion's
+    first) read once, the completions in one right-padded batch after it. One 1-D tensor per
+    completion, in order, with the gradient when it is on: the same values as reading each
+    prompt + completion alone (recipes.sao.learner.response_logprobs), to float rounding."""
+    if not completions:
+        return []
+    shared = len(prompt) - 1 if len(prompt) - 1 >= MIN_SHARED else 0
+    rests = [[*prompt[shared:], *c] for c in completions]
+    width = max(len(r) for r in rests)
+    input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rests])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rests])
+    positions = torch.arange(shared, shared + width).expand(len(rests), -1)
+    extra: dict[str, Any] = {}
+    if shared:
+        extra = {"cache": repeated_cache(model, prompt[:shared], len(rests)), "use_cache": True}
+        mask = torch.cat([torch.ones(len(rests), shared, dtype=mask.dtype), mask], dim=1)
+    before = len(prompt) - shared - 1  # the rest's position whose logits predict token 0
+    keep = width - before
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        logits_to_keep=keep,
+        **extra,
+    ).logits
+    out = []
+    for row, c in enumerate(completions):
+        lg = logits[row, : len(c)].float()
+        targets = torch.tensor(list(c))
+        picked = lg.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        out.append(picked - torch.logsumexp(lg, dim=-1))
+    return out

@@ -17,7 +17,7 @@ import torch
 
 from reef.errors import ReefError
 from reef.recipe import Progress, Trained, TrainJob
-from reef.recipes.sao.learner import response_logprobs
+from reef.recipes.shared_prefix import response_logprobs_after
 from reef.recipes.training import LoraParams, load_policy, save_candidate
 from reef.recipes.tttd.objective import constant, group_advantages, is_loss, kl_shaping
 from reef.recipes.tttd.params import TTTDParams
@@ -184,34 +184,43 @@ def train_grid(
     continued = _load_optimizer(opt, job.parent_path)
     policy.train()
     train = sorted(adv)
-    seqs = [torch.tensor([rollouts[i].prompt_ids + rollouts[i].completion_ids]) for i in train]
-    lens = [len(rollouts[i].prompt_ids) for i in train]
     sampler = [torch.tensor(rollouts[i].sampler_logprobs, dtype=torch.float32) for i in train]
     masks = [torch.tensor(rollouts[i].mask, dtype=torch.float32) for i in train]
+    groups = _by_prompt([rollouts[i] for i in train])
+    chosen = [rollouts[i] for i in train]
 
     # π_0: the same network with its adapters disabled (§3.2 d), no gradient.
+    base: list[Any] = [None] * len(train)
     with torch.no_grad(), policy.disable_adapter():
-        base = [response_logprobs(policy, ids, n) for ids, n in zip(seqs, lens, strict=True)]
+        for ks in groups:
+            for k, lp in zip(ks, _logprobs(policy, chosen, ks), strict=True):
+                base[k] = lp
     offsets, kl = kl_shaping(sampler, base, masks, p.kl_coef)
 
-    # One step over the whole grid: the token-sum loss is accumulated rollout by rollout.
+    # One step over the whole grid: the token-sum loss is accumulated prompt by prompt.
     opt.zero_grad(set_to_none=True)
     loss_sum, ratio_sum, ratio_dev, tokens = 0.0, 0.0, 0.0, 0.0
-    for k, i in enumerate(train):
-        logprobs = response_logprobs(policy, seqs[k], lens[k])
-        token_adv = adv[i] + offsets[k]
-        # Tokens the environment inserted have no sampling log-prob (Reef records 0.0 there),
-        # so the IS term covers generated tokens; a single-turn rollout is all generated.
-        gen = masks[k] > 0
-        loss = is_loss(logprobs[gen], sampler[k][gen], token_adv[gen])
+    done = 0
+    for ks in groups:
+        losses = []
+        for k, logprobs in zip(ks, _logprobs(policy, chosen, ks), strict=True):
+            # Tokens the environment inserted have no sampling log-prob (Reef records 0.0
+            # there), so the IS term covers generated tokens; a single-turn rollout is all
+            # generated.
+            gen = masks[k] > 0
+            losses.append(
+                is_loss(logprobs[gen], sampler[k][gen], (adv[train[k]] + offsets[k])[gen])
+            )
+            ratio = torch.exp(logprobs.detach()[gen] - sampler[k][gen])
+            ratio_sum += float(ratio.sum())
+            ratio_dev += float((ratio - 1.0).abs().sum())
+            tokens += float(gen.sum())
+        loss = torch.stack(losses).sum()
         loss.backward()
-        ratio = torch.exp(logprobs.detach()[gen] - sampler[k][gen])
         loss_sum += loss.item()
-        ratio_sum += float(ratio.sum())
-        ratio_dev += float((ratio - 1.0).abs().sum())
-        tokens += float(gen.sum())
+        done += len(ks)
         if progress is not None:
-            progress(k + 1, len(train), {"loss": loss_sum})
+            progress(done, len(train), {"loss": loss_sum})
     grad_norm = math.sqrt(sum(float((q.grad**2).sum()) for q in params if q.grad is not None))
     opt.step()
 
@@ -235,6 +244,21 @@ def train_grid(
         trained_sample_ids=tuple(r["sample_id"] for r in rows),
         metadata=metadata,
     )
+
+
+def _by_prompt(rollouts: list[GridRollout]) -> list[list[int]]:
+    """The rollouts' indices grouped by prompt, in order: a group's rollouts answer the same
+    prompt, which each pass reads once (recipes.shared_prefix), its completions in one batch."""
+    out: dict[tuple[int, ...], list[int]] = {}
+    for k, r in enumerate(rollouts):
+        out.setdefault(tuple(r.prompt_ids), []).append(k)
+    return list(out.values())
+
+
+def _logprobs(model: Any, rollouts: list[GridRollout], ks: list[int]) -> list[torch.Tensor]:
+    """The response log-probs of rollouts `ks` (one prompt) under `model`."""
+    prompt = rollouts[ks[0]].prompt_ids
+    return response_logprobs_after(model, prompt, [rollouts[k].completion_ids for k in ks])
 
 
 def _optimizer(params: list[torch.nn.Parameter], p: TTTDParams) -> torch.optim.Adam:

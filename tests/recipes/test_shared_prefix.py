@@ -172,3 +172,32 @@ def test_sft_trains_the_same_adapter_with_and_without_it(
     for name, w in whole_weights.items():
         # Adam turns float rounding in near-zero gradients into steps of up to ~lr: 4e-5 seen
         torch.testing.assert_close(shared_weights[name], w, rtol=1e-3, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("lengths", [(3, 9, 1, 6), (5, 5, 5)], ids=["ragged", "even"])
+def test_completions_after_one_prompt_read_it_once(tiny: Path, lengths: tuple[int, ...]) -> None:
+    """tttd's passes over a group's rollouts: one prompt, several completions. The log-probs
+    and the gradient of their sum are those of reading each prompt + completion alone."""
+    from reef.recipes.sao.learner import response_logprobs
+
+    model, tokenizer = lora_model(tiny)
+    model.train()
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    completions = [[(7 * k + 3 * j) % 200 + 5 for j in range(n)] for k, n in enumerate(lengths)]
+
+    model.zero_grad()
+    alone = [response_logprobs(model, torch.tensor([prompt + c]), len(prompt)) for c in completions]
+    torch.stack([a.sum() for a in alone]).sum().backward()
+    alone_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    shared = sp.response_logprobs_after(model, prompt, completions)
+    torch.stack([s.sum() for s in shared]).sum().backward()
+    for a, s in zip(alone, shared, strict=True):
+        torch.testing.assert_close(s, a, rtol=1e-4, atol=1e-5)
+    for name, g in alone_grads.items():
+        got = dict(model.named_parameters())[name].grad
+        scale = float(g.abs().max())  # gradients here reach ~10: rounding scales with them
+        torch.testing.assert_close(got, g, rtol=1e-3, atol=1e-5 * scale, msg=name)
