@@ -39,7 +39,11 @@ def common_prefix(seqs: Sequence[Sequence[int]], limit: int) -> int:
 def repeated_cache(forward: Any, prefix: list[int], batch: int) -> Any:
     """The keys and values of `prefix`, read once by `forward` (a causal LM's forward) and
     repeated for `batch` sequences."""
-    out = forward(input_ids=torch.tensor([prefix]), use_cache=True, logits_to_keep=1)
+    ids = torch.tensor([prefix])
+    try:
+        out = forward(input_ids=ids, use_cache=True, logits_to_keep=1)
+    except TypeError:  # a forward without `logits_to_keep`: every position's logits, unused
+        out = forward(input_ids=ids, use_cache=True)
     cache = out.cache
     cache.batch_repeat_interleave(batch)
     return cache
