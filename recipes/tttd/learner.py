@@ -186,8 +186,8 @@ def train_grid(
     train = sorted(adv)
     sampler = [torch.tensor(rollouts[i].sampler_logprobs, dtype=torch.float32) for i in train]
     masks = [torch.tensor(rollouts[i].mask, dtype=torch.float32) for i in train]
-    groups = _by_prompt([rollouts[i] for i in train])
     chosen = [rollouts[i] for i in train]
+    groups = _by_prompt(chosen)
 
     # π_0: the same network with its adapters disabled (§3.2 d), no gradient.
     base: list[Any] = [None] * len(train)
